@@ -1,0 +1,78 @@
+"""Which implementation runs: the Triton kernel or the PyTorch reference.
+
+Every public op takes ``backend=None | "auto" | "triton" | "reference"``. When it
+is ``None`` the environment variable ``DSA_BACKEND`` (same values) decides, and
+``auto`` is the default:
+
+* ``auto``: the Triton kernel when Triton can run on the inputs' device (a GPU,
+  or any device while Triton's CPU interpreter is on, ``TRITON_INTERPRET=1``),
+  else the reference. ``import dsa`` therefore works on any machine.
+* ``triton``: always the kernel; a clear ``RuntimeError`` if it cannot run.
+* ``reference``: always the plain PyTorch reference.
+
+``TRITON_INTERPRET`` is read by Triton when the kernels are defined, i.e. when
+``dsa`` is imported: set it before ``import dsa``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "reference")
+ENV_VAR = "DSA_BACKEND"
+
+
+def interpreter_on() -> bool:
+    """True when Triton's CPU interpreter is active (``TRITON_INTERPRET=1``)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except Exception:  # pragma: no cover - older/newer triton
+        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+
+        return True
+    except Exception:  # pragma: no cover
+        return False
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether a Triton kernel can run on tensors living on ``device``."""
+    if not triton_importable():
+        return False
+    if interpreter_on():
+        return True
+    return device.type == "cuda" and torch.cuda.is_available()  # ROCm shows up as "cuda" too
+
+
+def resolve(backend: str | None, device: torch.device) -> str:
+    """Return ``"triton"`` or ``"reference"`` for an op on ``device``."""
+    choice = backend if backend is not None else os.environ.get(ENV_VAR, "auto")
+    choice = choice.lower()
+    if choice not in BACKENDS:
+        src = "backend" if backend is not None else ENV_VAR
+        raise ValueError(f"{src}: expected one of {BACKENDS}, got {choice!r}")
+    if choice == "reference":
+        return "reference"
+    runs = triton_runs_on(device)
+    if choice == "triton" and not runs:
+        raise RuntimeError(
+            f"backend='triton' requested but Triton cannot run on device {device}: "
+            "use a GPU, or set TRITON_INTERPRET=1 before importing dsa to run the kernels on the CPU"
+        )
+    return "triton" if runs else "reference"
+
+
+def describe() -> str:
+    """One line saying what ``auto`` resolves to on this machine."""
+    if interpreter_on():
+        return "triton (CPU interpreter, TRITON_INTERPRET=1)"
+    if torch.cuda.is_available() and triton_importable():
+        return f"triton on {torch.cuda.get_device_name()}"
+    return "reference (PyTorch; no GPU and TRITON_INTERPRET is not set)"

@@ -1,0 +1,55 @@
+"""Shared helpers for the tests: random ragged workloads, poisoning, comparisons."""
+from __future__ import annotations
+
+import torch
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def gen(seed: int) -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return g
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with a value no correct kernel writes (NaN for floats, a sentinel otherwise)."""
+    if t.dtype.is_floating_point:
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t.view(torch.uint8).fill_(0x7F)  # NaN in e4m3fn
+        else:
+            t.fill_(float("nan"))
+    elif t.dtype == torch.uint8:
+        t.fill_(0xA5)
+    else:
+        t.fill_(-12345 if t.dtype != torch.bool else False)
+    return t
+
+
+def ragged_lengths(n: int, short: tuple[int, int], long: tuple[int, int], n_long: int, g: torch.Generator) -> list[int]:
+    """Many short and a few long lengths (never all multiples of a block)."""
+    out = [int(torch.randint(short[0], short[1] + 1, (1,), generator=g)) for _ in range(n - n_long)]
+    out += [int(torch.randint(long[0], long[1] + 1, (1,), generator=g)) for _ in range(n_long)]
+    perm = torch.randperm(n, generator=g).tolist()
+    return [out[i] for i in perm]
+
+
+def random_block_table(lens: list[int], block_size: int, g: torch.Generator, extra_blocks: int = 3):
+    """A shuffled physical block assignment: returns (block_table [B, max_blocks] int32 with -1
+    padding... filled with valid ids only where used, num_blocks)."""
+    need = [(L + block_size - 1) // block_size for L in lens]
+    max_blocks = max(max(need), 1)
+    num_blocks = sum(need) + extra_blocks
+    perm = torch.randperm(num_blocks, generator=g)
+    bt = torch.full((len(lens), max_blocks), -1, dtype=torch.int32)
+    pos = 0
+    for r, nb in enumerate(need):
+        bt[r, :nb] = perm[pos:pos + nb].to(torch.int32)
+        pos += nb
+    return bt, num_blocks
+
+
+def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
