@@ -1,0 +1,32 @@
+import pytest
+import torch
+
+from dsa import backend
+
+
+def test_resolve_values(monkeypatch):
+    cpu = torch.device("cpu")
+    assert backend.resolve("reference", cpu) == "reference"
+    want = "triton" if backend.interpreter_on() else "reference"
+    assert backend.resolve("auto", cpu) == want
+    assert backend.resolve(None, cpu) == want
+    monkeypatch.setenv("DSA_BACKEND", "reference")
+    assert backend.resolve(None, cpu) == "reference"
+    assert backend.resolve("auto", cpu) == want  # the argument wins over the environment
+
+
+def test_bad_backend_names(monkeypatch):
+    with pytest.raises(ValueError, match="backend"):
+        backend.resolve("cuda", torch.device("cpu"))
+    monkeypatch.setenv("DSA_BACKEND", "fast")
+    with pytest.raises(ValueError, match="DSA_BACKEND"):
+        backend.resolve(None, torch.device("cpu"))
+
+
+def test_triton_unavailable_is_clear(monkeypatch):
+    monkeypatch.setattr(backend, "interpreter_on", lambda: False)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        backend.resolve("triton", torch.device("cpu"))
+    assert backend.resolve("auto", torch.device("cpu")) == "reference"
