@@ -7,7 +7,11 @@ gets three things wrong that `dsa`'s kernels rely on:
   integers (garbage);
 * fp32 -> bf16 casts truncate instead of rounding to nearest even;
 * fp32 -> fp8 casts round half up, can carry into the exponent wrongly, and do
-  not saturate like the GPU's ``cvt.rn.satfinite``.
+  not saturate like the GPU's ``cvt.rn.satfinite``;
+* int <-> bf16/fp8 casts move the raw storage integers instead of converting;
+* a runtime scalar used as an index (``for i in range(n)`` with ``n`` a kernel
+  argument) fails with numpy >= 2 ("only 0-dimensional arrays can be converted"),
+  because scalars are stored as 1-element arrays.
 
 We replace those three builder methods with versions that reinterpret the bits
 as the matching torch dtype and let torch do exact arithmetic and
@@ -83,6 +87,9 @@ def patch_interpreter() -> bool:
         from triton.runtime import interpreter as interp
     except Exception:  # pragma: no cover - triton missing or changed
         return False
+    import triton.language as tl
+
+    _BITS_STORED = (tl.bfloat16, tl.float8e4nv, tl.float8e5, tl.float8e4b8, tl.float8e5b16)
     builder = interp.InterpreterBuilder
     orig_dot = builder.create_dot
     orig_cast = builder.cast_impl
@@ -103,6 +110,12 @@ def patch_interpreter() -> bool:
         s, t = src.dtype.scalar, dst_type.scalar
         if _is_float(s) and _is_float(t) and (s != t):
             return interp.TensorHandle(_convert(src.data, s, t, get_np(dst_type)), t)
+        if s.is_int() and t in _BITS_STORED:  # int -> bf16 / fp8: Triton stores the raw integer
+            x = torch.from_numpy(np.asarray(src.data).astype(np.float64))
+            return interp.TensorHandle(_as_numpy(x.to(_torch_dtype(t)), get_np(dst_type)), t)
+        if s in _BITS_STORED and t.is_int():  # bf16 / fp8 -> int: Triton casts the raw bits
+            x = _as_torch(src.data, s).to(torch.float64).trunc().numpy()
+            return interp.TensorHandle(x.astype(get_np(dst_type)), t)
         return orig_cast(self, src, dst_type)
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
@@ -114,6 +127,13 @@ def patch_interpreter() -> bool:
             return interp.TensorHandle(_convert(src.data, s, t, get_np(dst_type)), t)
         return orig_fp_to_fp(self, src, dst_type, rounding_mode)
 
+    orig_patch_tensor = interp._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        orig_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    interp._patch_lang_tensor = _patch_lang_tensor
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     for name in ("create_fp_ext", "create_fp_trunc"):

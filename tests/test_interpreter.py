@@ -92,3 +92,37 @@ def test_casts_wrong_without_fix():
     bf_ok = torch.equal(bf.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
     f8_ok = torch.equal(f8.view(torch.uint8), x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
     assert not bf_ok and not f8_ok
+
+
+@triton.jit
+def _loop_kernel(x_ptr, n, N: tl.constexpr):
+    acc = tl.zeros([N], tl.float32)
+    for i in range(n):  # runtime trip count
+        acc += i
+    for _ in tl.range(1, n, 2):
+        acc += 100
+    tl.store(x_ptr + tl.arange(0, N), acc)
+
+
+def test_runtime_trip_count_loop():
+    x = torch.full((4,), float("nan"))
+    _loop_kernel[(1,)](x, 5, 4)
+    assert torch.equal(x, torch.full((4,), 10.0 + 200.0))
+
+
+@triton.jit
+def _int_cast_kernel(i_ptr, bf_ptr, back_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    i = tl.load(i_ptr + r)
+    b = i.to(tl.bfloat16)
+    tl.store(bf_ptr + r, b)
+    tl.store(back_ptr + r, b.to(tl.int32))
+
+
+def test_int_bf16_casts():
+    i = torch.arange(-300, 724, 1, dtype=torch.int32) * 7
+    bf = torch.empty(1024, dtype=torch.bfloat16)
+    back = torch.full((1024,), -1, dtype=torch.int32)
+    _int_cast_kernel[(1,)](i, bf, back, 1024)
+    assert torch.equal(bf, i.to(torch.bfloat16))
+    assert torch.equal(back, i.to(torch.bfloat16).to(torch.int32))

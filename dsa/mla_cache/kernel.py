@@ -1,0 +1,174 @@
+"""Triton kernels writing and reading the MLA cache (bf16 and fp8_ds_mla rows).
+
+``_mla_cache_write_kernel``: one program per ``BLOCK_T`` tokens; a constexpr switch picks the
+format. Token ``t`` goes to row ``slot_mapping[t]`` (int64 offsets); slots ``< 0`` or
+``>= n_slots`` are masked out. The fp8 path computes the amax of each 128-group, the
+power-of-two scale by exact bit arithmetic and quantises with the exact product by 2^-k (the
+same bits as the reference's IEEE division) and a round-to-nearest-even, saturating cast, so
+the bytes equal ``reference.py``'s.
+
+``_fp8_ds_mla_read_kernel``: dequantises fp8_ds_mla rows to bf16 ``[c_kv | k_pe]``.
+
+The cache row is addressed through the typed views of ``dsa.layouts.fp8_ds_mla_views``
+(values, scales, rope: three pointers into the same storage, each with its row stride).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import (
+    FP8_AMAX_EPS,
+    FP8_DS_MLA_GROUP,
+    FP8_DS_MLA_NUM_GROUPS,
+    FP8_MAX,
+    KV_LORA_RANK,
+    ROPE_DIM,
+)
+from ..layouts import fp8_ds_mla_views
+
+# Launch configuration (tokens / rows per program, warps); a module-level dict so that the
+# benchmark can sweep it (benchmarks/bench_cache_formats.py --sweep). The fastest of CONFIG_SWEEP
+# on an H200 (2026-11-29, T = 65536, CUDA-graph timing): write bf16 43.5 us, write fp8 47.7 us,
+# read 34.5 us; slowest: 4 tokens per program with 8 warps (61.1 / 79.2 / 51.8 us).
+CONFIG = {
+    "write_bf16": {"BLOCK_T": 8, "num_warps": 4},
+    "write_fp8": {"BLOCK_T": 16, "num_warps": 4},
+    "read": {"BLOCK_R": 8, "num_warps": 4},
+}
+# candidates the benchmark times and the GPU tests check
+CONFIG_SWEEP = {
+    "write_bf16": [{"BLOCK_T": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
+    "write_fp8": [{"BLOCK_T": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
+    "read": [{"BLOCK_R": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
+}
+
+
+@triton.jit
+def pow2_ceil(s):
+    """Round positive normal fp32 values up to a power of two (exact: mantissa carry)."""
+    bits = s.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFFF) & -8388608  # -8388608 == 0xFF800000: keep sign and exponent
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr):
+    """Quantise each row of ``x [R, G]`` fp32: returns (bytes [R, G] uint8, scale [R] fp32).
+
+    scale = max(amax, eps) / 448 (IEEE division), rounded up to 2^k when UE8M0;
+    q = fp8_e4m3fn(clamp(x / scale, +-448)), round to nearest even (IEEE division, or the exact
+    product with 2^-k for a power-of-two scale: the same bits).
+    """
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.div_rn(tl.maximum(amax, AMAX_EPS), FP8_MAX_)
+    if UE8M0:
+        scale = pow2_ceil(scale)
+        # x / 2^e == x * 2^-e exactly; 2^-e by exponent arithmetic (0x7F000000 = 254 << 23).
+        # The scale lies in [2^-22, 2^120], so its inverse is a normal number.
+        inv = (0x7F000000 - scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        y = x * inv[:, None]
+    else:
+        y = tl.div_rn(x, scale[:, None])
+    y = tl.minimum(tl.maximum(y, -FP8_MAX_), FP8_MAX_)
+    q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne")
+    return q.to(tl.uint8, bitcast=True), scale
+
+
+@triton.jit
+def _mla_cache_write_kernel(
+    ckv_ptr, kpe_ptr, slot_ptr,
+    val_ptr, scale_ptr, rope_ptr,
+    n_tokens, n_slots,
+    stride_ckv, stride_kpe, stride_val, stride_scale, stride_rope,
+    FP8: tl.constexpr, HAS_SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr,
+    FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    in_t = t < n_tokens
+    if HAS_SLOTS:
+        slot = tl.load(slot_ptr + t, mask=in_t, other=-1).to(tl.int64)
+    else:
+        slot = t
+    ok = in_t & (slot >= 0) & (slot < n_slots)
+    ok2 = ok[:, None]
+    d = tl.arange(0, GROUP)
+    for g in tl.static_range(NUM_GROUPS):
+        cols = g * GROUP + d
+        x = tl.load(ckv_ptr + t[:, None] * stride_ckv + cols[None, :], mask=ok2, other=0.0)
+        dst = val_ptr + slot[:, None] * stride_val + cols[None, :]
+        if FP8:
+            q, scale = quant_fp8_rows(x.to(tl.float32), True, FP8_MAX_, AMAX_EPS)
+            tl.store(dst, q, mask=ok2)
+            tl.store(scale_ptr + slot * stride_scale + g, scale, mask=ok)
+        else:
+            tl.store(dst, x, mask=ok2)
+    r = tl.arange(0, ROPE)
+    pe = tl.load(kpe_ptr + t[:, None] * stride_kpe + r[None, :], mask=ok2, other=0.0)
+    tl.store(rope_ptr + slot[:, None] * stride_rope + r[None, :], pe, mask=ok2)
+
+
+@triton.jit
+def _fp8_ds_mla_read_kernel(
+    val_ptr, scale_ptr, rope_ptr, out_ptr,
+    n_rows, stride_val, stride_scale, stride_rope, stride_out,
+    BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    i = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    ok = i < n_rows
+    ok2 = ok[:, None]
+    d = tl.arange(0, GROUP)
+    for g in tl.static_range(NUM_GROUPS):
+        cols = g * GROUP + d
+        b = tl.load(val_ptr + i[:, None] * stride_val + cols[None, :], mask=ok2, other=0)
+        s = tl.load(scale_ptr + i * stride_scale + g, mask=ok, other=0.0)
+        v = b.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]
+        tl.store(out_ptr + i[:, None] * stride_out + cols[None, :], v.to(tl.bfloat16), mask=ok2)
+    r = tl.arange(0, ROPE)
+    pe = tl.load(rope_ptr + i[:, None] * stride_rope + r[None, :], mask=ok2, other=0.0)
+    tl.store(out_ptr + i[:, None] * stride_out + NUM_GROUPS * GROUP + r[None, :], pe, mask=ok2)
+
+
+def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
+    """Launch the writer. ``rows``: flat contiguous cache ``[S, 576]`` bf16 or ``[S, 656]`` uint8;
+    ``slot_mapping``: ``[n]`` int32/int64 (``n <= T``), or None for slot = token index."""
+    n = c_kv.shape[0] if slot_mapping is None else slot_mapping.shape[0]
+    if n == 0 or rows.shape[0] == 0:
+        return
+    if fp8:
+        values, scales, rope = fp8_ds_mla_views(rows)
+        values = values.view(torch.uint8)
+    else:
+        values, scales, rope = rows[:, :KV_LORA_RANK], rows, rows[:, KV_LORA_RANK:]
+    cfg = CONFIG["write_fp8" if fp8 else "write_bf16"]
+    grid = (triton.cdiv(n, cfg["BLOCK_T"]),)
+    _mla_cache_write_kernel[grid](
+        c_kv, k_pe, slot_mapping if slot_mapping is not None else c_kv,
+        values, scales, rope,
+        n, rows.shape[0],
+        c_kv.stride(0), k_pe.stride(0), values.stride(0), scales.stride(0), rope.stride(0),
+        FP8=fp8, HAS_SLOTS=slot_mapping is not None, BLOCK_T=cfg["BLOCK_T"],
+        GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
+        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS,
+        num_warps=cfg["num_warps"],
+    )
+
+
+def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """Dequantise ``rows [R, 656]`` uint8 (row stride free) into ``out [R, 576]`` bf16."""
+    n = rows.shape[0]
+    if n == 0:
+        return
+    values, scales, rope = fp8_ds_mla_views(rows)
+    cfg = CONFIG["read"]
+    grid = (triton.cdiv(n, cfg["BLOCK_R"]),)
+    _fp8_ds_mla_read_kernel[grid](
+        values.view(torch.uint8), scales, rope, out,
+        n, values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),
+        BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
+        num_warps=cfg["num_warps"],
+    )
