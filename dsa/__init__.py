@@ -16,6 +16,7 @@ from .indexer_cache import gather_indexer_k, indexer_k_quant, indexer_k_quant_an
 from .indexer_prep import hadamard_128, prepare_indexer_k, prepare_indexer_q  # noqa: E402
 from .metadata import convert_req_index_to_global_index, generate_sparse_seqlen  # noqa: E402
 from .mla_cache import concat_and_cache_mla, dequantize_fp8_ds_mla, quantize_fp8_ds_mla  # noqa: E402
+from .mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits, split_prefill_chunks  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,8 @@ __all__ = [
     "concat_and_cache_mla",
     "convert_req_index_to_global_index",
     "dequantize_fp8_ds_mla",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
     "gather_indexer_k",
     "generate_sparse_seqlen",
     "hadamard_128",
@@ -31,4 +34,5 @@ __all__ = [
     "prepare_indexer_k",
     "prepare_indexer_q",
     "quantize_fp8_ds_mla",
+    "split_prefill_chunks",
 ]

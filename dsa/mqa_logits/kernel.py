@@ -1,0 +1,331 @@
+"""Triton kernels of the lightning indexer's logits and their launch code.
+
+Both kernels compute, for a tile of BLOCK_N keys and a group of query rows that
+share those keys, ONE fp8 ``tl.dot`` with fp32 accumulation::
+
+    scores[n, r*H + h] = k[n] . q[r, h]          key tile [BLOCK_N, D] (A) x q^T [D, R*H] (B)
+
+followed, in registers, by ``relu``, the per-(row, head) weight, the sum over the
+H heads of each row (a reshape ``[BLOCK_N, R, H]`` and a reduction over the last
+axis) and the key's scale. The key tile is read once for all R query rows (the
+N dimension of the dot is R*H: 256 for R = 4 rows of 64 heads).
+
+* ``_mqa_logits_kernel`` (prefill): R = BLOCK_Q consecutive query rows; a program
+  walks a span of key tiles, computes only the tiles that meet the rows'
+  ``[min ks, max ke)`` and writes ``-inf`` tiles elsewhere (``CLEAN``).
+* ``_paged_mqa_logits_kernel`` (decode): R = next_n (padded to a power of two),
+  the rows of one request; keys are gathered straight from the paged indexer
+  cache through the block table (one table entry per key, so any block size
+  from 1 to 256 works with any BLOCK_N), in one launch. Triton pipelines the key
+  tiles (cp.async, the block-table entries one stage earlier); the scales feed no
+  dot, so Triton would load them synchronously: with ``PREFETCH`` they and the
+  table entries they need are loaded by hand one tile ahead.
+
+The dot's B operand (the q rows, [R, D]) is loaded once per program and stays in
+shared memory; the wgmma is m64nRk32 (R = 256 for prefill, next_n_pad*64 for decode).
+
+All cache and output offsets are int64. Every key load is masked by the row's
+context, so unused cache slots (which may hold NaN) are never read.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backend import interpreter_on
+from ..constants import INDEXER_ROW_BYTES
+
+
+INDEXER_ROW_BYTES_C = tl.constexpr(INDEXER_ROW_BYTES)
+
+
+# --------------------------------------------------------------------------------------
+# Prefill: fp8_mqa_logits
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _mqa_logits_kernel(
+    q_ptr, k_ptr, k_scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    M, N,
+    stride_qm, stride_qh, stride_km, stride_ks, stride_wm, stride_om,
+    H: tl.constexpr, D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
+    CLEAN: tl.constexpr,
+):
+    pid_q = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    R: tl.constexpr = BLOCK_Q * H
+
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    row_ok = rows < M
+    ks = tl.load(ks_ptr + rows, mask=row_ok, other=0)
+    ke = tl.load(ke_ptr + rows, mask=row_ok, other=0)
+    ks = tl.maximum(ks, 0)
+    ke = tl.minimum(ke, N)
+    ks = tl.where(row_ok & (ks < ke), ks, N)  # empty rows do not widen the span
+    kmin = tl.min(ks, axis=0)
+    kmax = tl.max(ke, axis=0)
+
+    n_lo = pid_n * SPAN
+    n_hi = tl.minimum(N, n_lo + SPAN)
+    c_lo = tl.maximum(n_lo, (kmin // BLOCK_N) * BLOCK_N)
+    c_hi = tl.minimum(n_hi, kmax)
+    has = c_lo < c_hi
+    c_lo = tl.where(has, c_lo, n_lo)
+    c_hi = tl.where(has, c_hi, n_lo)
+    c_end = tl.where(has, tl.cdiv(c_hi, BLOCK_N) * BLOCK_N, n_lo)
+
+    rows64 = rows.to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+
+    if CLEAN:
+        ninf = tl.full((BLOCK_N, BLOCK_Q), float("-inf"), tl.float32)
+        for n0 in range(n_lo, c_lo, BLOCK_N):
+            n = n0 + offs_n
+            tl.store(out_ptr + rows64[None, :] * stride_om + n[:, None], ninf,
+                     mask=(n < c_lo)[:, None] & row_ok[None, :])
+        for n0 in range(c_end, n_hi, BLOCK_N):
+            n = n0 + offs_n
+            tl.store(out_ptr + rows64[None, :] * stride_om + n[:, None], ninf,
+                     mask=(n < n_hi)[:, None] & row_ok[None, :])
+
+    # the R = BLOCK_Q*H (row, head) pairs of this program, loaded once
+    offs_r = tl.arange(0, R)
+    q_row = pid_q * BLOCK_Q + offs_r // H
+    q_head = offs_r % H
+    q_ok = q_row < M
+    q_off = q_row.to(tl.int64) * stride_qm + q_head * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [R, D]
+    w = tl.load(w_ptr + q_row.to(tl.int64) * stride_wm + q_head, mask=q_ok, other=0.0)  # [R]
+    qT = tl.trans(q)  # [D, R]
+
+    for n0 in range(c_lo, c_hi, BLOCK_N):
+        n = n0 + offs_n
+        n_ok = n < c_hi
+        k = tl.load(k_ptr + n.to(tl.int64)[:, None] * stride_km + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        k_scale = tl.load(k_scale_ptr + n.to(tl.int64) * stride_ks, mask=n_ok, other=0.0)
+        s = tl.dot(k, qT)  # [BLOCK_N, R] fp32
+        s = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_Q, H)), axis=2) * k_scale[:, None]  # [BLOCK_N, BLOCK_Q]
+        if CLEAN:
+            inside = (n[:, None] >= ks[None, :]) & (n[:, None] < ke[None, :])
+            logits = tl.where(inside, logits, float("-inf"))
+        tl.store(out_ptr + rows64[None, :] * stride_om + n[:, None], logits,
+                 mask=(n < n_hi)[:, None] & row_ok[None, :])
+
+
+# Launch configurations: BLOCK_R (= BLOCK_Q * H, the N dim of the dot; BLOCK_Q may be given
+# instead), BLOCK_N keys per tile, SPAN keys per program (a multiple of BLOCK_N), num_warps,
+# num_stages. "default" was the fastest of benchmarks/bench_mqa_logits.py --sweep on an H200
+# (2026-11-29): 9.25 ms for 4096 queries x 131072 keys x 64 heads (951 TFLOP/s); 2 CTAs of
+# 254 registers per SM. The interpreter uses small tiles so the CPU tests cover many of them.
+PREFILL_CONFIGS = {
+    "default": dict(BLOCK_R=256, BLOCK_N=64, SPAN=8192, num_warps=4, num_stages=3),
+    "interpret": dict(BLOCK_R=128, BLOCK_N=32, SPAN=64, num_warps=4, num_stages=1),
+}
+
+
+def _prefill_config(H: int, override: dict | None):
+    cfg = dict(PREFILL_CONFIGS["interpret" if interpreter_on() else "default"])
+    if override:
+        cfg.update(override)
+    if H <= 16 and not (override and "BLOCK_R" in override):
+        cfg["BLOCK_R"] = min(cfg["BLOCK_R"], 128)  # 16 rows of 16 heads spill registers (ptxas, sm_90)
+    block_q = cfg.pop("BLOCK_Q", None) or max(1, cfg["BLOCK_R"] // H)
+    cfg.pop("BLOCK_R", None)
+    cfg["BLOCK_Q"] = block_q
+    cfg["SPAN"] = max(cfg["BLOCK_N"], cfg["SPAN"] // cfg["BLOCK_N"] * cfg["BLOCK_N"])
+    return cfg
+
+
+def fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, out, config=None):
+    """Launch the prefill kernel; arguments already validated. ``out`` is [M, N] f32."""
+    M, H, D = q.shape
+    N = k.shape[0]
+    if M == 0 or N == 0:
+        return out
+    cfg = _prefill_config(H, config)
+    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    grid = (triton.cdiv(M, cfg["BLOCK_Q"]), triton.cdiv(N, cfg["SPAN"]))
+    _mqa_logits_kernel[grid](
+        q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, out,
+        M, N,
+        q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0), out.stride(0),
+        H=H, D=D, CLEAN=bool(clean_logits), num_warps=num_warps, num_stages=num_stages, **cfg,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Decode: fp8_paged_mqa_logits
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _paged_mqa_logits_kernel(
+    q_ptr, kv_ptr, kv_scale_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
+    num_blocks, max_blocks, max_context_len,
+    stride_qb, stride_qn, stride_qh, stride_wm, stride_cb, stride_btb, stride_om,
+    NEXT_N: tl.constexpr, NEXT_N_PAD: tl.constexpr, CTX_2D: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPAN: tl.constexpr, CLEAN: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    b = tl.program_id(1)
+    R: tl.constexpr = NEXT_N_PAD * H
+    ROW: tl.constexpr = INDEXER_ROW_BYTES_C  # bytes per token
+    BLOCK_BYTES: tl.constexpr = BS * ROW
+
+    # the key limit of each of the request's next_n rows
+    j = tl.arange(0, NEXT_N_PAD)
+    j_ok = j < NEXT_N
+    if CTX_2D:
+        lim = tl.load(ctx_ptr + b * stride_cb + j, mask=j_ok, other=0)
+    else:
+        L = tl.load(ctx_ptr + b * stride_cb)
+        lim = L - NEXT_N + j + 1
+    lim = tl.where(j_ok, lim, 0)
+    lim = tl.minimum(tl.maximum(lim, 0), max_context_len)
+    lmax = tl.max(lim, axis=0)
+
+    s_lo = pid_s * SPAN
+    s_hi = tl.minimum(max_context_len, s_lo + SPAN)
+    c_hi = tl.maximum(tl.minimum(s_hi, lmax), s_lo)
+    c_end = tl.cdiv(c_hi, BLOCK_N) * BLOCK_N
+
+    rows64 = (b * NEXT_N + j).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+
+    if CLEAN:
+        ninf = tl.full((BLOCK_N, NEXT_N_PAD), float("-inf"), tl.float32)
+        for s0 in range(c_end, s_hi, BLOCK_N):
+            s = s0 + offs_n
+            tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], ninf,
+                     mask=(s < s_hi)[:, None] & j_ok[None, :])
+
+    offs_r = tl.arange(0, R)
+    q_j = offs_r // H
+    q_h = offs_r % H
+    q_ok = q_j < NEXT_N
+    q_off = b.to(tl.int64) * stride_qb + q_j * stride_qn + q_h * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [R, D]
+    w = tl.load(w_ptr + (b * NEXT_N + q_j).to(tl.int64) * stride_wm + q_h, mask=q_ok, other=0.0)
+    qT = tl.trans(q)
+
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    if PREFETCH:
+        # The keys go through Triton's software pipeline (cp.async, num_stages deep, the block-table
+        # entries one stage earlier). The scales, which feed no dot and so are not pipelined by
+        # Triton, are prefetched by hand: the scales of tile t+1 and the block-table entries they
+        # need (tile t+2) are loaded while tile t is multiplied, so their latency is off the loop's
+        # critical path.
+        s_a = s_lo + offs_n
+        ps_b = _load_phys(bt_row, s_a + BLOCK_N, c_hi, max_blocks, BS)
+        sc_a = _load_scale(kv_scale_ptr, _load_phys(bt_row, s_a, c_hi, max_blocks, BS), s_a, num_blocks, BS, D,
+                           BLOCK_BYTES)
+        for s0 in range(s_lo, c_hi, BLOCK_N):
+            s = s0 + offs_n
+            k = _load_k(kv_ptr, _load_phys(bt_row, s, c_hi, max_blocks, BS), s, num_blocks, BS, D, BLOCK_BYTES)
+            ps_c = _load_phys(bt_row, s + 2 * BLOCK_N, c_hi, max_blocks, BS)
+            sc_b = _load_scale(kv_scale_ptr, ps_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
+            sc = tl.dot(k, qT)  # [BLOCK_N, R]
+            sc = tl.maximum(sc, 0.0) * w[None, :]
+            logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * sc_a[:, None]
+            if CLEAN:
+                logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))
+            tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], logits,
+                     mask=(s < s_hi)[:, None] & j_ok[None, :])
+            ps_b = ps_c
+            sc_a = sc_b
+    else:
+        for s0 in range(s_lo, c_hi, BLOCK_N):
+            s = s0 + offs_n
+            phys = _load_phys(bt_row, s, c_hi, max_blocks, BS)
+            k = _load_k(kv_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
+            k_scale = _load_scale(kv_scale_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
+            sc = tl.dot(k, qT)  # [BLOCK_N, R]
+            sc = tl.maximum(sc, 0.0) * w[None, :]
+            logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * k_scale[:, None]
+            if CLEAN:
+                logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))
+            tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], logits,
+                     mask=(s < s_hi)[:, None] & j_ok[None, :])
+
+
+@triton.jit
+def _load_phys(bt_row, s, c_hi, max_blocks, BS: tl.constexpr):
+    """Physical block of each key position ``s`` (-1 where ``s >= c_hi``: never read)."""
+    blk = s // BS
+    return tl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+
+
+@triton.jit
+def _load_k(kv_ptr, phys, s, num_blocks, BS: tl.constexpr, D: tl.constexpr, BLOCK_BYTES: tl.constexpr):
+    """fp8 values [BLOCK_N, D] of the keys at positions ``s`` (0 where ``phys`` is outside
+    ``[0, num_blocks)``: nothing outside the cache or the context is read)."""
+    ok = (phys >= 0) & (phys < num_blocks)
+    offs_d = tl.arange(0, D)
+    ptr = kv_ptr + (phys.to(tl.int64) * BLOCK_BYTES + (s % BS) * D)[:, None] + offs_d[None, :]
+    return tl.load(ptr, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _load_scale(kv_scale_ptr, phys, s, num_blocks, BS: tl.constexpr, D: tl.constexpr, BLOCK_BYTES: tl.constexpr):
+    """fp32 scales [BLOCK_N] of the keys at positions ``s`` (0 where ``phys`` is invalid)."""
+    ok = (phys >= 0) & (phys < num_blocks)
+    return tl.load(kv_scale_ptr + phys.to(tl.int64) * (BLOCK_BYTES // 4) + (BS * D // 4) + (s % BS), mask=ok, other=0.0)
+
+
+# Decode configurations (same keys as above, plus PREFETCH: hand-prefetch the scales and the
+# block-table entries they need one tile ahead). Fastest of the --sweep on an H200 (2026-11-29),
+# B=64, contexts 32K-128K: block size 64 -> PREFETCH (next_n 1: 0.223 ms, next_n 2: 0.355 ms);
+# block size 1, next_n 1 -> the plain loop (0.353 ms vs 0.394 with PREFETCH); block size 1,
+# next_n 2 -> PREFETCH (0.554 ms). Other block sizes were not timed and take the block-64 choice.
+PAGED_CONFIGS = {
+    "default": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=True),
+    "bs1_next_n1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=False),
+    "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=True),
+}
+
+
+def _paged_config(block_size: int, next_n: int, override: dict | None):
+    if interpreter_on():
+        key = "interpret"
+    elif block_size == 1 and next_n == 1:
+        key = "bs1_next_n1"
+    else:
+        key = "default"
+    cfg = dict(PAGED_CONFIGS[key])
+    if override:
+        cfg.update(override)
+    cfg["SPAN"] = max(cfg["BLOCK_N"], cfg["SPAN"] // cfg["BLOCK_N"] * cfg["BLOCK_N"])
+    return cfg
+
+
+def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_table, max_context_len,
+                                clean_logits, out, config=None):
+    """Launch the decode kernel; arguments already validated.
+
+    ``cache_blocks`` is the canonical ``[num_blocks, block_size*132]`` uint8 view;
+    ``out`` is ``[B*next_n, max_context_len]`` f32.
+    """
+    B, next_n, H, D = q.shape
+    if B == 0 or max_context_len == 0:
+        return out
+    num_blocks, row = cache_blocks.shape
+    bs = row // INDEXER_ROW_BYTES
+    cfg = _paged_config(bs, next_n, config)
+    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    kv = cache_blocks.view(torch.float8_e4m3fn)
+    kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
+    grid = (triton.cdiv(max_context_len, cfg["SPAN"]), B)
+    _paged_mqa_logits_kernel[grid](
+        q, kv, kv_scale, weights, context_lens, block_table, out,
+        num_blocks, block_table.shape[1], max_context_len,
+        q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), block_table.stride(0),
+        out.stride(0),
+        NEXT_N=next_n, NEXT_N_PAD=triton.next_power_of_2(next_n), CTX_2D=context_lens.dim() == 2,
+        H=H, D=D, BS=bs, CLEAN=bool(clean_logits), num_warps=num_warps, num_stages=num_stages, **cfg,
+    )
+    return out
+
