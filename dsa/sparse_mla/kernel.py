@@ -1,0 +1,311 @@
+"""Triton kernels for sparse MLA attention (both MLA cache formats) and their launch code.
+
+Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the bar):
+
+* One program owns ``BLOCK_H`` heads of one query token (the head group is the M dim of every
+  dot: ``BLOCK_H = min(64, next_pow2(max(h_q, 16)))``, heads past ``h_q`` are masked inside the
+  kernel, never padded in the caller's tensors) and walks that token's index list in tiles of
+  ``BLOCK_N`` gathered cache rows. Each gathered row is loaded once per program and shared by all
+  its heads; for fp8_ds_mla it is dequantised once (512 fp8 values times their group scale in
+  fp32, rounded to bf16; the 64 rope values are bf16 already).
+* The 576-wide QK product is split as four 128-wide groups plus the 64-wide rope part (five
+  chained dots) and the 512-wide output is accumulated as four ``[BLOCK_H, 128]`` fp32 column
+  blocks, which keeps the fp8 group scale a per-row scalar and the registers in check.
+* Online softmax in fp32 with ``exp2`` (``sm_scale * log2(e)`` folded into the logits).
+  Invalid entries (index < 0, >= S, or past ``topk_length``) get a ``-inf`` logit and their
+  rows are never read (masked loads), so NaN in unused cache slots cannot leak.
+* Gathers: all loads of a tile are issued before its first dot (one memory round trip per tile;
+  Triton's pipeliner turns the wgmma path's loads into async copies one tile ahead).
+* Work split: when ``T * ceil(h_q / BLOCK_H)`` programs cannot fill the GPU (decode), the index
+  list is cut into ``num_splits`` chunks handled by separate programs which write partial
+  (normalised out, lse, max) in fp32; a small second kernel merges them by lse. The caller's
+  arguments are the same either way.
+
+Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
+``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
+the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
+about 1.5x the useful MMA work. Measured numbers are in benchmarks/bench_sparse_mla.py.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
+from ..layouts import fp8_ds_mla_views
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
+                GROUP: tl.constexpr, IS_FP8: tl.constexpr):
+    """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]``."""
+    offs = g * GROUP + tl.arange(0, GROUP)
+    k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
+    if IS_FP8:
+        sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
+        k = (k.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
+    return k
+
+
+# sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
+@triton.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
+def _sparse_mla_fwd_kernel(
+    q_ptr, stride_qt, stride_qh,
+    nope_ptr, stride_nope,  # [S, 512] bf16 (bf16 cache) or float8_e4m3fn (fp8_ds_mla values)
+    scale_ptr, stride_scale,  # [S, 4] f32 group scales (fp8_ds_mla only)
+    rope_ptr, stride_rope,  # [S, 64] bf16
+    idx_ptr, stride_it,  # [T, topk] int32
+    len_ptr,  # [T] int32 topk_length (HAS_LEN)
+    sink_ptr,  # [h_q] f32 (HAS_SINK)
+    out_ptr, stride_ot, stride_oh,  # bf16 [T, h_q, 512] or, with SPLIT, f32 partials [NS, T, h_q, 512] (stride_os)
+    stride_os,
+    ml_ptr, lse_ptr,  # f32 [T, h_q] or, with SPLIT, [NS, T, h_q]
+    T, h_q, S, topk, split_len,
+    sm_scale_log2,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr,
+):
+    LN2: tl.constexpr = 0.6931471805599453
+    LOG2E: tl.constexpr = 1.4426950408889634
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    n_hg = tl.cdiv(h_q, BLOCK_H)
+    t = pid // n_hg
+    hg = pid % n_hg
+    t64 = t.to(tl.int64)
+
+    offs_h = hg * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < h_q
+    offs_g = tl.arange(0, GROUP)
+    offs_r = tl.arange(0, D_ROPE)
+    q_row = q_ptr + t64 * stride_qt + offs_h[:, None] * stride_qh
+    q0 = tl.load(q_row + 0 * GROUP + offs_g[None, :], mask=hmask[:, None], other=0.0)
+    q1 = tl.load(q_row + 1 * GROUP + offs_g[None, :], mask=hmask[:, None], other=0.0)
+    q2 = tl.load(q_row + 2 * GROUP + offs_g[None, :], mask=hmask[:, None], other=0.0)
+    q3 = tl.load(q_row + 3 * GROUP + offs_g[None, :], mask=hmask[:, None], other=0.0)
+    qr = tl.load(q_row + 4 * GROUP + offs_r[None, :], mask=hmask[:, None], other=0.0)
+
+    end = topk
+    if HAS_LEN:
+        end = tl.minimum(end, tl.load(len_ptr + t))
+    start = sid * split_len
+    stop = tl.minimum(start + split_len, end)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    idx_row = idx_ptr + t64 * stride_it
+    for n0 in range(start, stop, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_range = offs_n < stop
+        idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
+        valid = in_range & (idx >= 0) & (idx < S)
+        rows = tl.where(valid, idx, 0).to(tl.int64)
+        # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
+        kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
+        k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
+        k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
+        k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
+        k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
+        # QK^T as five chained dots: 64 rope + 4 x 128 nope
+        s = tl.dot(qr, tl.trans(kr))
+        s = tl.dot(q0, tl.trans(k0), s)
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
+        s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: avoid -inf - -inf
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        pb = p.to(tl.bfloat16)
+        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+
+    empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
+    if SPLIT:
+        # partial: normalised out, lse and max in log2 units (-inf when this chunk had no valid entry)
+        l_safe = tl.where(empty, 1.0, l_i)
+        inv = tl.where(empty, 0.0, 1.0 / l_safe)
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+        o_base = out_ptr + sid.to(tl.int64) * stride_os + t64 * stride_ot + offs_h[:, None] * stride_oh
+        tl.store(o_base + 0 * GROUP + offs_g[None, :], acc0 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_base + 1 * GROUP + offs_g[None, :], acc1 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_base + 2 * GROUP + offs_g[None, :], acc2 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_base + 3 * GROUP + offs_g[None, :], acc3 * inv[:, None], mask=hmask[:, None])
+        ml_off = (sid.to(tl.int64) * T + t64) * h_q + offs_h
+        tl.store(lse_ptr + ml_off, lse2, mask=hmask)
+        tl.store(ml_ptr + ml_off, m_i, mask=hmask)
+    else:
+        denom = l_i
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
+            denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_i))
+        inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
+        o_base = out_ptr + t64 * stride_ot + offs_h[:, None] * stride_oh
+        tl.store(o_base + 0 * GROUP + offs_g[None, :], (acc0 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        tl.store(o_base + 1 * GROUP + offs_g[None, :], (acc1 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        tl.store(o_base + 2 * GROUP + offs_g[None, :], (acc2 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        tl.store(o_base + 3 * GROUP + offs_g[None, :], (acc3 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        ml_off = t64 * h_q + offs_h
+        tl.store(lse_ptr + ml_off, tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2),
+                 mask=hmask)
+        tl.store(ml_ptr + ml_off, tl.where(empty, float("-inf"), m_i * LN2), mask=hmask)
+
+
+@triton.jit(do_not_specialize=["T", "h_q", "num_splits"])
+def _sparse_mla_combine_kernel(
+    o_part_ptr, lse_part_ptr, ml_part_ptr,  # f32 [NS, T, h_q, 512], [NS, T, h_q], [NS, T, h_q] (log2 units)
+    sink_ptr,
+    out_ptr, stride_ot, stride_oh,
+    ml_ptr, lse_ptr,
+    T, h_q, num_splits,
+    BLOCK_H: tl.constexpr, NS_PAD: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
+):
+    LN2: tl.constexpr = 0.6931471805599453
+    LOG2E: tl.constexpr = 1.4426950408889634
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < h_q
+    offs_s = tl.arange(0, NS_PAD)
+    offs_d = tl.arange(0, D)
+    th = T * h_q
+    part = offs_s[:, None].to(tl.int64) * th + t * h_q + offs_h[None, :]
+    pmask = (offs_s[:, None] < num_splits) & hmask[None, :]
+    lse_s = tl.load(lse_part_ptr + part, mask=pmask, other=float("-inf"))
+    ml_s = tl.load(ml_part_ptr + part, mask=pmask, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    empty = m == float("-inf")
+    m_use = tl.where(empty, 0.0, m)
+    sumw = tl.sum(tl.exp2(lse_s - m_use[None, :]), 0)
+    denom = sumw
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
+        denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_use))
+    sumw_safe = tl.where(empty, 1.0, sumw)
+    inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for s in range(num_splits):
+        off = s * th + t * h_q + offs_h
+        w = tl.exp2(tl.load(lse_part_ptr + off, mask=hmask, other=float("-inf")) - m_use)
+        o = tl.load(o_part_ptr + off[:, None] * D + offs_d[None, :], mask=hmask[:, None], other=0.0)
+        acc += w[:, None] * o
+    o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, (acc * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+    tl.store(lse_ptr + t * h_q + offs_h, tl.where(empty, float("inf"), (m_use + tl.log2(sumw_safe)) * LN2), mask=hmask)
+    tl.store(ml_ptr + t * h_q + offs_h, tl.where(empty, float("-inf"), tl.max(ml_s, 0) * LN2), mask=hmask)
+
+
+def block_h_for(h_q: int) -> int:
+    """Heads per program: the M dim of the dots (at least 16, at most 64)."""
+    return min(64, triton.next_power_of_2(max(h_q, 16)))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_NUM_SMS
+
+
+_MAX_SPLITS = 64
+
+
+def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n: int) -> int:
+    """Split-K factor: 1 when ``T * head_groups`` programs fill the GPU, else enough chunks of the
+    index list (each at least two tiles of ``block_n`` rows) for about two programs per SM."""
+    tiles = T * head_groups
+    if tiles >= num_sms:
+        return 1
+    k_tiles = triton.cdiv(topk, block_n)
+    return max(1, min(triton.cdiv(2 * num_sms, tiles), k_tiles // 2, _MAX_SPLITS))
+
+
+def default_config(h_q: int, is_fp8: bool) -> dict:
+    """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages.
+
+    Chosen from the sweep of benchmarks/bench_sparse_mla.py on an H200 (2026-11-29). Shared memory
+    (sm_90, compiler report): BLOCK_H 64 / BLOCK_N 64 / bf16 / 3 stages holds q (72 KiB) and two
+    tiles of 64 gathered rows (2 x 72 KiB): 217 KiB of the 227 KiB.
+    """
+    bh = block_h_for(h_q)
+    if bh == 64:
+        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3)
+    if bh == 32:
+        return dict(block_h=32, block_n=64, num_warps=8, num_stages=2)
+    return dict(block_h=16, block_n=64, num_warps=4, num_stages=2)
+
+
+def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
+                      num_splits: int | None = None, config: dict | None = None):
+    """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
+
+    ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
+    split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
+    overrides entries of :func:`default_config` (tests and benchmarks only).
+    """
+    T, h_q, _ = q.shape
+    topk = indices.shape[1]
+    S = kv.shape[0]
+    dev = q.device
+    is_fp8 = kv.dtype == torch.uint8
+    if out is None:
+        out = torch.empty(T, h_q, d_v, dtype=torch.bfloat16, device=dev)
+    max_logits = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    if T == 0:
+        return out, max_logits, lse
+    if is_fp8:
+        nope, scales, rope = fp8_ds_mla_views(kv)
+        stride_scale = scales.stride(0)
+    else:
+        nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
+        scales, stride_scale = kv, 0  # unused
+    cfg = default_config(h_q, is_fp8)
+    cfg.update(config or {})
+    bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
+    n_hg = triton.cdiv(h_q, bh)
+    if num_splits is None:
+        num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn)
+    num_splits = max(1, min(int(num_splits), triton.cdiv(max(topk, 1), bn)))
+    split_len = triton.cdiv(triton.cdiv(max(topk, 1), bn), num_splits) * bn
+    num_splits = triton.cdiv(max(topk, 1), split_len)
+    has_len = topk_length is not None
+    has_sink = attn_sink is not None
+    dummy = lse
+    common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
+                  GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, num_warps=warps, num_stages=stages)
+    args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
+               indices, indices.stride(0), topk_length if has_len else dummy, attn_sink if has_sink else dummy)
+    scale_log2 = float(sm_scale) * _LOG2E
+    if num_splits == 1:
+        _sparse_mla_fwd_kernel[(T * n_hg, 1)](
+            *args_in, out, out.stride(0), out.stride(1), 0, max_logits, lse,
+            T, h_q, S, topk, split_len, scale_log2, SPLIT=False, **common)
+        return out, max_logits, lse
+    o_part = torch.empty(num_splits, T, h_q, d_v, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
+    ml_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
+    _sparse_mla_fwd_kernel[(T * n_hg, num_splits)](
+        *args_in, o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part,
+        T, h_q, S, topk, split_len, scale_log2, SPLIT=True, **common)
+    cb = 16
+    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cb))](
+        o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
+        max_logits, lse, T, h_q, num_splits,
+        BLOCK_H=cb, NS_PAD=triton.next_power_of_2(num_splits), D=d_v, HAS_SINK=has_sink, num_warps=4)
+    return out, max_logits, lse

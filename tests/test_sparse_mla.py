@@ -1,0 +1,373 @@
+"""Sparse MLA attention (dsa.sparse_mla): the reference against a float64 brute force, the Triton
+kernel against the reference on fresh random inputs, and the argument checks.
+
+Tolerances (kernel vs reference, both fp32 accumulation over the same bf16 operands):
+
+* ``lse`` / ``max_logits``: the logits are the same fp32 dot products summed in another order
+  (MMA tiles vs einsum) and the kernel works in base 2 (``exp2``/``log2`` with ``log2(e)`` folded
+  into the scale): a few fp32 ulps of the logits, |P| <~ 20 here, so ``atol 2e-5, rtol 2e-6``
+  (observed on the CPU: ~5% of that).
+* ``out``: the kernel rounds the softmax weights to bf16 before the P·V product (relative error
+  <= 2^-9 each, as FlashMLA does) and both round the result to bf16 (half an ulp, 2^-9 relative):
+  ``|err| <= ~2^-8 · max|v|``; we allow ``2^-7 · max|v|`` absolute (max|v| of the gathered rows).
+* reference vs float64 brute force: only the final bf16 rounding of ``out`` (2^-8 relative to
+  max|v|, with margin) and fp32 logits (``lse`` 1e-5 relative).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import dsa.sparse_mla.reference as ref_mod
+from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK
+from dsa.layouts import fp8_ds_mla_views
+from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+from dsa.sparse_mla import sparse_mla, sparse_mla_ref
+from dsa.sparse_mla.kernel import choose_num_splits, sparse_mla_triton
+from utils import DEVICE, gen, poison_
+
+OUT_ATOL_REL = 2.0**-7
+LSE_ATOL, LSE_RTOL = 2e-5, 2e-6
+INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+# ----------------------------------------------------------------------------------------------
+def make_indices(T, topk, S, g, *, frac_invalid=0.2, empty_rows=(), dup=True):
+    """Random slots with -1 and >= S entries scattered through each row, duplicates, empty rows."""
+    idx = torch.randint(0, S, (T, topk), generator=g, dtype=torch.int64)
+    bad = torch.rand(T, topk, generator=g) < frac_invalid
+    bad_vals = torch.tensor([-1, -7, S, S + 13, INT32_MAX], dtype=torch.int64)
+    idx[bad] = bad_vals[torch.randint(0, len(bad_vals), (int(bad.sum()),), generator=g)]
+    if dup and topk >= 4:
+        idx[:, topk // 2] = idx[:, 1]  # the same slot twice in every row (counts twice)
+        idx[:, -1] = idx[:, 0]
+    for t in empty_rows:
+        idx[t] = torch.where(torch.rand(topk, generator=g) < 0.5, -1, S + 5)
+    return idx.to(torch.int32)
+
+
+def make_cache(S, kv_format, g, used, *, block_size=None, scale=1.0):
+    """A cache of S slots with random rows where ``used`` and NaN everywhere else.
+
+    fp8_ds_mla rows are packed by the reference packer (dsa.mla_cache.reference). Returns the
+    cache in its paged shape when ``block_size`` is given ([nb, bs, 576] / [nb, bs, 1, 656]).
+    """
+    c_kv = torch.randn(S, KV_LORA_RANK, generator=g) * scale
+    c_kv *= torch.exp(torch.randn(S, 1, generator=g) * 0.5)  # rows of different magnitudes
+    k_pe = torch.randn(S, D_QK - KV_LORA_RANK, generator=g) * scale
+    if kv_format == "bf16":
+        kv = torch.cat([c_kv, k_pe], dim=-1).to(torch.bfloat16)
+        kv[~used] = float("nan")
+    else:
+        kv = quantize_fp8_ds_mla(c_kv.to(torch.bfloat16), k_pe.to(torch.bfloat16))
+        values, scales, rope = fp8_ds_mla_views(kv)
+        values.view(torch.uint8)[~used] = 0x7F  # NaN in e4m3fn
+        scales[~used] = float("nan")
+        rope[~used] = float("nan")
+    if block_size is not None:
+        nb = S // block_size
+        kv = kv.view(nb, block_size, -1) if kv_format == "bf16" else kv.view(nb, block_size, 1, -1)
+    return kv
+
+
+def make_case(T, h_q, topk, S, kv_format, seed, *, block_size=None, empty_rows=(), frac_invalid=0.2,
+              with_len=False, with_sink=False, device=DEVICE):
+    g = gen(seed)
+    idx = make_indices(T, topk, S, g, frac_invalid=frac_invalid, empty_rows=empty_rows)
+    used = torch.zeros(S, dtype=torch.bool)
+    ok = (idx >= 0) & (idx < S)
+    used[idx[ok].long()] = True
+    kv = make_cache(S, kv_format, g, used, block_size=block_size)
+    q = torch.randn(T, h_q, D_QK, generator=g).to(torch.bfloat16)
+    topk_length = torch.randint(0, topk + 1, (T,), generator=g, dtype=torch.int32) if with_len else None
+    sink = (torch.randn(h_q, generator=g) * 2).float() if with_sink else None
+    sm_scale = 192**-0.5
+    to = lambda x: None if x is None else x.to(device)  # noqa: E731
+    return to(q), to(kv), to(idx), sm_scale, to(sink), to(topk_length)
+
+
+def max_abs_v(kv, idx, S):
+    ok = (idx >= 0) & (idx < S)
+    if not ok.any():
+        return 1.0
+    rows = ref_mod.gather_rows_bf16(kv, idx[ok].long()).float()
+    return float(rows[:, :D_V].abs().max())
+
+
+def assert_matches(got, want, vmax, msg=""):
+    out, ml, lse = got
+    r_out, r_ml, r_lse = want
+    assert out.dtype == torch.bfloat16 and ml.dtype == torch.float32 and lse.dtype == torch.float32
+    assert not torch.isnan(out).any(), f"NaN in out {msg}"
+    assert not torch.isnan(lse).any() and not torch.isnan(ml).any(), f"NaN in lse/max_logits {msg}"
+    torch.testing.assert_close(out.float(), r_out.float(), atol=OUT_ATOL_REL * vmax, rtol=0, msg=lambda m: f"{msg} out: {m}")
+    torch.testing.assert_close(lse, r_lse, atol=LSE_ATOL, rtol=LSE_RTOL, msg=lambda m: f"{msg} lse: {m}")
+    torch.testing.assert_close(ml, r_ml, atol=LSE_ATOL, rtol=LSE_RTOL, msg=lambda m: f"{msg} max_logits: {m}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the reference against an independent float64 brute force
+# ----------------------------------------------------------------------------------------------
+def brute_force(q, kv, idx, sm_scale, sink=None, topk_length=None):
+    """Per (t, h) loop in float64 over the valid entries; rows decoded independently of the reference."""
+    kv = kv.reshape(-1, D_QK if kv.dtype == torch.bfloat16 else FP8_DS_MLA_ROW_BYTES)
+    S = kv.shape[0]
+    T, H, _ = q.shape
+    out = torch.zeros(T, H, D_V, dtype=torch.float64)
+    lse = torch.full((T, H), math.inf, dtype=torch.float64)
+    ml = torch.full((T, H), -math.inf, dtype=torch.float64)
+    for t in range(T):
+        n = idx.shape[1] if topk_length is None else int(topk_length[t])
+        slots = [int(s) for s in idx[t, :n] if 0 <= int(s) < S]
+        if not slots:
+            continue
+        if kv.dtype == torch.bfloat16:
+            rows = kv[slots].double()
+        else:  # fp8 * group scale in fp32, rounded to bf16 (SPEC), decoded here from the views
+            vals, scales, rope = fp8_ds_mla_views(kv[slots])
+            v = torch.stack([vals[:, 128 * gi:128 * (gi + 1)].float() * scales[:, gi:gi + 1] for gi in range(4)], 1)
+            rows = torch.cat([v.reshape(len(slots), -1).to(torch.bfloat16).double(), rope.double()], -1)
+        for h in range(H):
+            logits = [sm_scale * float(q[t, h].double() @ rows[j]) for j in range(len(slots))]
+            m = max(logits)
+            s = sum(math.exp(x - m) for x in logits)
+            l = m + math.log(s)
+            denom = l if sink is None else max(l, float(sink[h])) + math.log1p(math.exp(-abs(l - float(sink[h]))))
+            w = torch.tensor([math.exp(x - denom) for x in logits], dtype=torch.float64)
+            out[t, h] = w @ rows[:, :D_V]
+            lse[t, h], ml[t, h] = l, m
+    return out, ml, lse
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("extras", ["plain", "len_sink"])
+def test_reference_vs_brute_force(kv_format, extras):
+    T, H, topk, S = 4, 8, 21, 40
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, kv_format, seed=11, empty_rows=(2,), device="cpu",
+                                          with_len=extras == "len_sink", with_sink=extras == "len_sink")
+    out, ml, lse = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    b_out, b_ml, b_lse = brute_force(q, kv, idx, sm, sink, tl_)
+    vmax = max_abs_v(kv, idx, S)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), b_out, atol=2.0**-8 * vmax, rtol=0)
+    torch.testing.assert_close(lse.double(), b_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ml.double(), b_ml, atol=1e-5, rtol=1e-5)
+    # row 2 has no valid entry: FlashMLA's convention
+    assert (out[2] == 0).all() and (lse[2] == math.inf).all() and (ml[2] == -math.inf).all()
+
+
+def test_reference_chunking_and_paged_views(monkeypatch):
+    """Token chunks and paged cache shapes do not change the result."""
+    q, kv, idx, sm, sink, tl_ = make_case(9, 16, 33, 64, "fp8_ds_mla", seed=5, block_size=16, device="cpu",
+                                          with_len=True, with_sink=True)
+    whole = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    flat = sparse_mla_ref(q, kv.reshape(-1, FP8_DS_MLA_ROW_BYTES), idx, sm, attn_sink=sink, topk_length=tl_)
+    monkeypatch.setattr(ref_mod, "_CHUNK_BYTES", 1)  # one token per chunk
+    chunked = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    for a, b, c in zip(whole, flat, chunked):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_reference_sink_limits():
+    """A very negative sink changes nothing; a huge one drives out to 0; lse never includes the sink."""
+    q, kv, idx, sm, _, _ = make_case(3, 8, 16, 50, "bf16", seed=2, device="cpu")
+    base = sparse_mla_ref(q, kv, idx, sm)
+    lo = sparse_mla_ref(q, kv, idx, sm, attn_sink=torch.full((8,), -1e4))
+    hi = sparse_mla_ref(q, kv, idx, sm, attn_sink=torch.full((8,), 1e4))
+    assert torch.equal(base[0], lo[0]) and torch.equal(base[2], lo[2]) and torch.equal(base[2], hi[2])
+    assert (hi[0] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel vs reference
+# ----------------------------------------------------------------------------------------------
+def run_both(q, kv, idx, sm, sink, tl_, *, num_splits=None, poison=True):
+    T, H, _ = q.shape
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device)) if poison else None
+    flat = ref_mod.flat_kv(kv)
+    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=num_splits)
+    if poison:
+        assert got[0] is out
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    return got, want, max_abs_v(kv, idx, flat.shape[0])
+
+
+@pytest.mark.parametrize("h_q", [8, 16, 24, 32, 64, 72, 128])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_kernel_heads(h_q, kv_format):
+    """Every head count (multiples of 8, non-powers of two, two head groups), odd topk."""
+    T = 2 if h_q >= 64 else 3
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, 37, 90, kv_format, seed=h_q, empty_rows=(1,))
+    got, want, vmax = run_both(q, kv, idx, sm, sink, tl_)
+    assert_matches(got, want, vmax, f"h_q={h_q} {kv_format}")
+    assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all() and (got[1][1] == -math.inf).all()
+
+
+@pytest.mark.parametrize("topk", [1, 64, 100, 130])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_kernel_topk_tails(topk, kv_format):
+    q, kv, idx, sm, sink, tl_ = make_case(3, 16, topk, 200, kv_format, seed=topk, frac_invalid=0.3)
+    got, want, vmax = run_both(q, kv, idx, sm, sink, tl_)
+    assert_matches(got, want, vmax, f"topk={topk} {kv_format}")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_kernel_split_k(num_splits, kv_format):
+    """The split-K path (partials + combine) with topk_length, sink and empty rows, forced on and off."""
+    q, kv, idx, sm, sink, tl_ = make_case(4, 16, 300, 400, kv_format, seed=10 + num_splits, empty_rows=(3,),
+                                          with_len=True, with_sink=True)
+    tl_[0] = 300
+    tl_[1] = 65  # the second tile holds one entry: later splits are empty
+    got, want, vmax = run_both(q, kv, idx, sm, sink, tl_, num_splits=num_splits)
+    assert_matches(got, want, vmax, f"splits={num_splits} {kv_format}")
+    assert (got[0][3] == 0).all() and (got[2][3] == math.inf).all()
+
+
+@pytest.mark.parametrize("config", [dict(block_n=32, num_stages=3), dict(block_h=16, num_warps=4), dict(block_n=16),
+                                    dict(block_h=16, num_warps=8), dict(num_stages=1)])
+def test_kernel_configs(config):
+    """Other launch configurations (as the benchmark sweeps them) compute the same function."""
+    q, kv, idx, sm, sink, tl_ = make_case(2, 32, 77, 150, "fp8_ds_mla", seed=4, with_len=True, with_sink=True)
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, config=config)
+    assert_matches(got, want, max_abs_v(kv, idx, 150), str(config))
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_public_paged(block_size, kv_format):
+    """Public wrapper on paged caches, topk_length and sink, out= poisoned, auto work split."""
+    S = 512
+    q, kv, idx, sm, sink, tl_ = make_case(2, 32, 70, S, kv_format, seed=block_size, block_size=block_size,
+                                          with_len=True, with_sink=True, empty_rows=(0,) if block_size == 16 else ())
+    out = poison_(torch.empty(2, 32, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out, backend="triton")
+    assert got[0] is out
+    want = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, backend="reference")
+    assert_matches(got, want, max_abs_v(kv, idx, S), f"bs={block_size} {kv_format}")
+
+
+def test_kernel_strided_q_and_out():
+    """q and out with padded strides (last dim contiguous) are read and written in place."""
+    q, kv, idx, sm, sink, tl_ = make_case(3, 16, 50, 100, "bf16", seed=3)
+    q_big = torch.randn(3, 20, 640, device=q.device).to(torch.bfloat16)
+    q_big[:, 2:18, :D_QK] = q
+    q_view = q_big[:, 2:18, :D_QK]
+    out_big = poison_(torch.empty(3, 16, 600, dtype=torch.bfloat16, device=q.device))
+    out_view = out_big[:, :, 50:50 + D_V]
+    got = sparse_mla(q_view, kv, idx, sm, out=out_view, backend="triton")
+    assert got[0] is out_view
+    want = sparse_mla_ref(q, kv, idx, sm)
+    assert_matches(got, want, max_abs_v(kv, idx, 100))
+    assert torch.isnan(out_big[:, :, :50].float()).all() and torch.isnan(out_big[:, :, 50 + D_V:].float()).all()
+
+
+def test_kernel_all_invalid_and_lonely():
+    """Whole rows of invalid entries, rows with a single valid entry, topk_length 0."""
+    T, H, topk, S = 4, 16, 40, 60
+    q, kv, idx, sm, _, _ = make_case(T, H, topk, S, "fp8_ds_mla", seed=8, empty_rows=(0, 2))
+    idx[1] = -1
+    idx[1, 17] = 5  # lonely
+    tl_ = torch.tensor([topk, topk, topk, 0], dtype=torch.int32, device=q.device)
+    kv_flat = ref_mod.flat_kv(kv)
+    vals, scales, rope = fp8_ds_mla_views(kv_flat)
+    vals.view(torch.uint8)[5] = torch.randint(0, 0x7E, (512,), dtype=torch.uint8).to(q.device)  # slot 5 used now
+    scales[5] = 0.25
+    rope[5] = torch.randn(64).to(torch.bfloat16).to(q.device)
+    for ns in (1, 2):
+        got, want, vmax = run_both(q, kv, idx, sm, None, tl_, num_splits=ns)
+        assert_matches(got, want, vmax, f"lonely ns={ns}")
+        for t in (0, 2, 3):
+            assert (got[0][t] == 0).all() and (got[2][t] == math.inf).all() and (got[1][t] == -math.inf).all()
+        # one valid entry: weight exactly 1, out = v rounded; lse = max_logits
+        torch.testing.assert_close(got[2][1], got[1][1], atol=1e-5, rtol=1e-6)
+        v5 = dequantize_fp8_ds_mla(kv_flat[5:6])[0, :D_V].float()
+        torch.testing.assert_close(got[0][1].float(), v5.expand(H, -1), atol=0, rtol=2.0**-8)
+
+
+def test_choose_num_splits():
+    """Arguments: T, head groups, topk, SMs, BLOCK_N."""
+    assert choose_num_splits(4096, 2, 2048, 132, 64) == 1  # prefill fills the GPU
+    assert choose_num_splits(256, 2, 2048, 132, 64) == 1  # decode batch 128 x s_q 2
+    assert choose_num_splits(2, 2, 2048, 132, 64) > 1  # few tokens: split the index list
+    assert choose_num_splits(1, 1, 64, 132, 64) == 1  # a single tile cannot be split
+
+
+# ----------------------------------------------------------------------------------------------
+# argument checks (before any launch)
+# ----------------------------------------------------------------------------------------------
+def _good(device="cpu"):
+    q = torch.randn(2, 16, D_QK).to(torch.bfloat16)
+    kv = torch.randn(32, D_QK).to(torch.bfloat16)
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    return dict(q=q, kv=kv, indices=idx, sm_scale=0.1)
+
+
+@pytest.mark.parametrize(
+    "change, exc, words",
+    [
+        (dict(q=torch.randn(2, 12, D_QK).to(torch.bfloat16)), ValueError, ["q", "h_q=12"]),
+        (dict(q=torch.randn(2, 136, D_QK).to(torch.bfloat16)), ValueError, ["q", "h_q=136"]),
+        (dict(q=torch.randn(2, 16, 512).to(torch.bfloat16)), ValueError, ["q", "576", "512"]),
+        (dict(q=torch.randn(2, 16, D_QK)), TypeError, ["q", "bfloat16", "float32"]),
+        (dict(q=torch.randn(2, D_QK).to(torch.bfloat16)), ValueError, ["q", "3 dims"]),
+        (dict(kv=torch.randn(32, D_QK)), TypeError, ["kv", "float32"]),
+        (dict(kv=torch.randn(32, 512).to(torch.bfloat16)), ValueError, ["kv", "576"]),
+        (dict(kv=torch.zeros(32, 576, dtype=torch.uint8)), ValueError, ["kv", "656"]),
+        (dict(kv=torch.zeros(4, 8, 2, 656, dtype=torch.uint8)), ValueError, ["kv", "656"]),
+        (dict(kv=torch.randn(64, D_QK).to(torch.bfloat16)[::2]), ValueError, ["kv", "contiguous"]),
+        (dict(indices=torch.zeros(2, 8, dtype=torch.int64)), TypeError, ["indices", "int32", "int64"]),
+        (dict(indices=torch.zeros(3, 8, dtype=torch.int32)), ValueError, ["indices", "[3, 8]"]),
+        (dict(indices=torch.zeros(2, 0, dtype=torch.int32)), ValueError, ["indices", "topk"]),
+        (dict(sm_scale=torch.tensor(0.1)), TypeError, ["sm_scale"]),
+        (dict(d_v=448), ValueError, ["d_v", "512", "448"]),
+        (dict(attn_sink=torch.zeros(8)), ValueError, ["attn_sink", "[16]"]),
+        (dict(attn_sink=torch.zeros(16, dtype=torch.float64)), TypeError, ["attn_sink", "float32"]),
+        (dict(topk_length=torch.zeros(2, dtype=torch.int64)), TypeError, ["topk_length", "int32"]),
+        (dict(topk_length=torch.zeros(5, dtype=torch.int32)), ValueError, ["topk_length", "[2]"]),
+        (dict(out=torch.zeros(2, 16, D_V)), TypeError, ["out", "bfloat16"]),
+        (dict(out=torch.zeros(2, 16, 256, dtype=torch.bfloat16)), ValueError, ["out", "512"]),
+        (dict(backend="cuda-magic"), ValueError, ["backend"]),
+    ],
+)
+def test_validation(change, exc, words):
+    args = _good()
+    args.update(change)
+    with pytest.raises(exc) as info:
+        sparse_mla(**args)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_validation_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a second device")
+    args = _good()
+    args["indices"] = args["indices"].cuda()
+    with pytest.raises(ValueError, match="indices"):
+        sparse_mla(**args)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: larger shapes
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("shape", [(64, 128, 2048, 1 << 17), (4, 16, 2048, 1 << 16), (3, 64, 1000, 5056), (33, 8, 513, 8960)])
+def test_gpu_large(kv_format, shape):
+    T, H, topk, S = shape
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, kv_format, seed=T + H, block_size=64, with_len=True,
+                                          with_sink=True, empty_rows=(1,))
+    tl_[0] = topk
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format}")
+    for ns in (1, 4):
+        got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, num_splits=ns)
+        assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format} ns={ns}")
