@@ -17,7 +17,7 @@ from .indexer_prep import hadamard_128, prepare_indexer_k, prepare_indexer_q  # 
 from .metadata import convert_req_index_to_global_index, generate_sparse_seqlen  # noqa: E402
 from .mla_cache import concat_and_cache_mla, dequantize_fp8_ds_mla, quantize_fp8_ds_mla  # noqa: E402
 from .mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits, split_prefill_chunks  # noqa: E402
-from .sparse_mla import sparse_mla  # noqa: E402
+from .mla import sparse_mla  # noqa: E402
 from .topk import top_k_indices  # noqa: E402
 
 __version__ = "0.1.0"

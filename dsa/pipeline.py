@@ -170,7 +170,7 @@ def _prefill(p: Pipeline, r: int, timer: _Timer, be, max_logits_bytes: int = 512
     from .indexer_prep import prepare_indexer_q
     from .metadata import convert_req_index_to_global_index
     from .mqa_logits import fp8_mqa_logits, split_prefill_chunks
-    from .sparse_mla import sparse_mla
+    from .mla import sparse_mla
     from .topk import top_k_indices
 
     L = p.wl.prompt_lens[r]
@@ -209,7 +209,7 @@ def _decode(p: Pipeline, timer: _Timer, be):
     from .indexer_prep import prepare_indexer_q
     from .metadata import convert_req_index_to_global_index
     from .mqa_logits import fp8_paged_mqa_logits
-    from .sparse_mla import sparse_mla
+    from .mla import sparse_mla
     from .topk import top_k_indices
 
     nn, B, dev = p.wl.next_n, len(p.lens), p.device
@@ -237,7 +237,7 @@ def _check_step(p: Pipeline, st: dict, decode: bool) -> dict:
     """Recompute one step with the reference backend on the same inputs; largest differences."""
     from .mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits
     from .metadata import convert_req_index_to_global_index
-    from .sparse_mla import sparse_mla
+    from .mla import sparse_mla
     from .topk import top_k_indices
 
     ref = "reference"

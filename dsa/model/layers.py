@@ -323,7 +323,7 @@ class MLAAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeTables, md, cache) -> torch.Tensor:
         from ..metadata import convert_req_index_to_global_index
         from ..mla_cache import concat_and_cache_mla
-        from ..sparse_mla import sparse_mla
+        from ..mla import sparse_mla
 
         T, h = x.shape[0], self.num_heads
         q_lora = self.q_a_layernorm(self.q_a_proj(x))

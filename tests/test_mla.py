@@ -1,4 +1,4 @@
-"""Sparse MLA attention (dsa.sparse_mla): the reference against a float64 brute force, the Triton
+"""Sparse MLA attention (dsa.mla, the public dsa.sparse_mla): the reference against a float64 brute force, the Triton
 kernel against the reference on fresh random inputs, and the argument checks.
 
 Tolerances (kernel vs reference, both fp32 accumulation over the same bf16 operands):
@@ -20,12 +20,12 @@ import math
 import pytest
 import torch
 
-import dsa.sparse_mla.reference as ref_mod
+import dsa.mla.reference as ref_mod
 from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK
 from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
-from dsa.sparse_mla import sparse_mla, sparse_mla_ref
-from dsa.sparse_mla.kernel import choose_num_splits, sparse_mla_triton
+from dsa.mla import sparse_mla, sparse_mla_ref
+from dsa.mla.kernel import choose_num_splits, sparse_mla_triton
 from utils import DEVICE, gen, poison_
 
 OUT_ATOL_REL = 2.0**-7

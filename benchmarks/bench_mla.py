@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, H200_BF16_FLOPS, H200_COPY_BYTES_PER_S  # noqa: E402
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla  # noqa: E402
-from dsa.sparse_mla import sparse_mla  # noqa: E402
-from dsa.sparse_mla.kernel import sparse_mla_triton  # noqa: E402
+from dsa.mla import sparse_mla  # noqa: E402
+from dsa.mla.kernel import sparse_mla_triton  # noqa: E402
 
 
 DEVICE = "cuda"
