@@ -5,8 +5,9 @@ Tolerances (kernel vs reference, both fp32 accumulation over the same bf16 opera
 
 * ``lse`` / ``max_logits``: the logits are the same fp32 dot products summed in another order
   (MMA tiles vs einsum) and the kernel works in base 2 (``exp2``/``log2`` with ``log2(e)`` folded
-  into the scale): a few fp32 ulps of the logits, |P| <~ 20 here, so ``atol 2e-5, rtol 2e-6``
-  (observed on the CPU: ~5% of that).
+  into the scale; on the GPU ``exp2``/``log2`` are the hardware approximations): FlashMLA's
+  criterion, ``rtol 2/65536`` (plus ``atol 2e-5``). Observed: ~1e-7 relative on the CPU,
+  up to 7e-6 relative on the H200.
 * ``out``: the kernel rounds the softmax weights to bf16 before the P·V product (relative error
   <= 2^-9 each, as FlashMLA does) and both round the result to bf16 (half an ulp, 2^-9 relative):
   ``|err| <= ~2^-8 · max|v|``; we allow ``2^-7 · max|v|`` absolute (max|v| of the gathered rows).
@@ -29,7 +30,7 @@ from dsa.mla.kernel import choose_num_splits, sparse_mla_triton
 from utils import DEVICE, gen, poison_
 
 OUT_ATOL_REL = 2.0**-7
-LSE_ATOL, LSE_RTOL = 2e-5, 2e-6
+LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
 INT32_MAX = 2**31 - 1
 
 
