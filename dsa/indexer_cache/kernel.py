@@ -1,7 +1,7 @@
 """Triton kernels for the lightning indexer's K cache.
 
 ``_indexer_k_quant_kernel``: one program per ``BLOCK_T`` tokens; quantises each 128-value row
-(``quant_fp8_rows``, shared with the MLA cache writer) and stores the fp8 bytes and the fp32
+(``dsa.fp8.tl_quant_fp8_rows``, shared with the MLA cache writer) and stores the fp8 bytes and the fp32
 scale at slot ``slot_mapping[t]`` of the block-major cache (slots ``< 0`` / ``>= n_slots``
 masked out), or at row ``t`` of plain outputs when there is no slot mapping (block_size 1).
 
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_HEAD_DIM
-from ..mla_cache.kernel import quant_fp8_rows
+from ..fp8 import tl_quant_fp8_rows
 
 # Launch configuration (tokens / rows per program, warps); a module-level dict so that the
 # benchmark can sweep it (benchmarks/bench_cache_formats.py --sweep). The fastest of CONFIG_SWEEP
@@ -53,7 +53,7 @@ def _indexer_k_quant_kernel(
     off = slot - blk * block_size
     d = tl.arange(0, D)
     x = tl.load(k_ptr + t[:, None] * stride_k + d[None, :], mask=ok[:, None], other=0.0)
-    q, scale = quant_fp8_rows(x.to(tl.float32), UE8M0, FP8_MAX_, AMAX_EPS)
+    q, scale = tl_quant_fp8_rows(x.to(tl.float32), UE8M0, FP8_MAX_, AMAX_EPS)
     tl.store(val_ptr + (blk * stride_vb + off * stride_vo)[:, None] + d[None, :], q, mask=ok[:, None])
     tl.store(scale_ptr + blk * stride_sb + off, scale, mask=ok)
 

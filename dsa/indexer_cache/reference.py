@@ -2,7 +2,7 @@
 
 Quantisation (one fp32 scale per token of 128 values):
 ``scale = max(amax, 1e-4) / 448`` (IEEE fp32 division), rounded UP to a power of two when
-``scale_fmt == "ue8m0"`` (exact bit arithmetic, see ``dsa.mla_cache.reference.pow2_ceil``),
+``scale_fmt == "ue8m0"`` (exact bit arithmetic, see ``dsa.fp8.pow2_ceil``),
 kept as is when ``scale_fmt is None``; ``k_fp8 = fp8_e4m3fn(clamp(k / scale, +-448))``,
 round to nearest even. The division ``k / scale`` is an IEEE fp32 division (not
 ``k * (1/scale)``); for a power-of-two scale the two are identical, for the plain scale they
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..constants import INDEXER_HEAD_DIM
+from ..fp8 import quantize_fp8_groups
 from ..layouts import indexer_cache_views
-from ..mla_cache.reference import quantize_fp8_groups
 
 SCALE_FMTS = ("ue8m0", None)
 

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ..backend import interpreter_on
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_ROPE_DIM
+from ..fp8 import tl_quant_fp8_rows
 from .reference import HADAMARD_SCALE, HEAD_SCALE, SOFTMAX_SCALE
 
 
@@ -109,17 +110,8 @@ def _prep_q_kernel(
         y = _rope(x, xp, c[None, :], s[None, :], neg[None, :], is_rope[None, :])
         if HADAMARD:
             y = tl.dot(y.to(tl.bfloat16), hm, out_dtype=tl.float32) * hadamard_scale
-        amax = tl.max(tl.abs(y), axis=1)  # [BLOCK_H]
-        scale = tl.math.div_rn(tl.maximum(amax, AMAX_EPS), tl.full([BLOCK_H], FP8_MAX_C, tl.float32))
-        if UE8M0:
-            bits = scale.to(tl.int32, bitcast=True)
-            scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
-            inv = (0x7F000000 - (scale.to(tl.int32, bitcast=True))).to(tl.float32, bitcast=True)  # 1/scale, exact
-            yq = y * inv[:, None]  # == y / scale: scale is a power of two
-        else:
-            yq = tl.math.div_rn(y, tl.broadcast_to(scale[:, None], (BLOCK_H, D)))
-        yq = tl.minimum(tl.maximum(yq, -FP8_MAX_C), FP8_MAX_C)
-        tl.store(qo_ptr + t * s_ot + h[:, None].to(tl.int64) * s_oh + d[None, :], yq.to(tl.float8e4nv))
+        q8, scale = tl_quant_fp8_rows(y, UE8M0, FP8_MAX_C, AMAX_EPS)  # one scale per head row
+        tl.store(qo_ptr + t * s_ot + h[:, None].to(tl.int64) * s_oh + d[None, :], q8.to(tl.float8e4nv, bitcast=True))
         w = tl.load(w_ptr + t * s_wt + h * s_wh).to(tl.float32)
         wo = w * scale * softmax_scale * head_scale
         tl.store(wo_ptr + t * s_wot + h, wo)

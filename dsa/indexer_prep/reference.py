@@ -28,7 +28,8 @@ import functools
 
 import torch
 
-from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_HEAD_DIM, INDEXER_NUM_HEADS, INDEXER_ROPE_DIM
+from ..constants import INDEXER_HEAD_DIM, INDEXER_NUM_HEADS, INDEXER_ROPE_DIM
+from ..fp8 import quantize_fp8_groups
 
 SCALE_FMTS = ("ue8m0", None)
 # 128**-0.5 and 64**-0.5 as the fp32 numbers every implementation multiplies by
@@ -113,12 +114,6 @@ def _rotate(x, cos, sin, interleaved, hadamard):
     return y
 
 
-def ue8m0_round_up(s: torch.Tensor) -> torch.Tensor:
-    """Round positive normal fp32 values up to a power of two, exactly (on the bits)."""
-    bits = s.to(torch.float32).view(torch.int32)
-    return ((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32)
-
-
 def prepare_indexer_q_ref(
     q: torch.Tensor,
     cos: torch.Tensor,
@@ -135,12 +130,8 @@ def prepare_indexer_q_ref(
     Returns ``(q_fp8 [T, 64, 128] float8_e4m3fn, weights_out [T, 64] f32, q_scale [T, 64] f32)``.
     """
     y = _rotate(q, cos, sin, interleaved, hadamard)  # [T, H, 128] fp32
-    amax = y.abs().amax(dim=-1)
-    # divide by a tensor: CUDA PyTorch turns `tensor / python_scalar` into a multiply by the reciprocal
-    scale = torch.clamp(amax, min=FP8_AMAX_EPS) / torch.full_like(amax, FP8_MAX)
-    if scale_fmt == "ue8m0":
-        scale = ue8m0_round_up(scale)
-    q_fp8 = (y / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q_fp8, scale = quantize_fp8_groups(y, INDEXER_HEAD_DIM, ue8m0=scale_fmt == "ue8m0")
+    scale = scale.squeeze(-1)  # one scale per (token, head)
     f32 = dict(dtype=torch.float32, device=q.device)
     w = weights.float() * scale * torch.tensor(SOFTMAX_SCALE, **f32) * torch.tensor(HEAD_SCALE, **f32)
     return q_fp8, w, scale

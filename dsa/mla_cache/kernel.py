@@ -26,6 +26,7 @@ from ..constants import (
     KV_LORA_RANK,
     ROPE_DIM,
 )
+from ..fp8 import tl_quant_fp8_rows
 from ..layouts import fp8_ds_mla_views
 
 # Launch configuration (tokens / rows per program, warps); a module-level dict so that the
@@ -43,37 +44,6 @@ CONFIG_SWEEP = {
     "write_fp8": [{"BLOCK_T": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
     "read": [{"BLOCK_R": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
 }
-
-
-@triton.jit
-def pow2_ceil(s):
-    """Round positive normal fp32 values up to a power of two (exact: mantissa carry)."""
-    bits = s.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFFFF) & -8388608  # -8388608 == 0xFF800000: keep sign and exponent
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr):
-    """Quantise each row of ``x [R, G]`` fp32: returns (bytes [R, G] uint8, scale [R] fp32).
-
-    scale = max(amax, eps) / 448 (IEEE division), rounded up to 2^k when UE8M0;
-    q = fp8_e4m3fn(clamp(x / scale, +-448)), round to nearest even (IEEE division, or the exact
-    product with 2^-k for a power-of-two scale: the same bits).
-    """
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.div_rn(tl.maximum(amax, AMAX_EPS), FP8_MAX_)
-    if UE8M0:
-        scale = pow2_ceil(scale)
-        # x / 2^e == x * 2^-e exactly; 2^-e by exponent arithmetic (0x7F000000 = 254 << 23).
-        # The scale lies in [2^-22, 2^120], so its inverse is a normal number.
-        inv = (0x7F000000 - scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-        y = x * inv[:, None]
-    else:
-        y = tl.div_rn(x, scale[:, None])
-    y = tl.minimum(tl.maximum(y, -FP8_MAX_), FP8_MAX_)
-    q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne")
-    return q.to(tl.uint8, bitcast=True), scale
 
 
 @triton.jit
@@ -101,7 +71,7 @@ def _mla_cache_write_kernel(
         x = tl.load(ckv_ptr + t[:, None] * stride_ckv + cols[None, :], mask=ok2, other=0.0)
         dst = val_ptr + slot[:, None] * stride_val + cols[None, :]
         if FP8:
-            q, scale = quant_fp8_rows(x.to(tl.float32), True, FP8_MAX_, AMAX_EPS)
+            q, scale = tl_quant_fp8_rows(x.to(tl.float32), True, FP8_MAX_, AMAX_EPS)
             tl.store(dst, q, mask=ok2)
             tl.store(scale_ptr + slot * stride_scale + g, scale, mask=ok)
         else:

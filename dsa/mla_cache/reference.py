@@ -20,45 +20,15 @@ import torch
 
 from ..constants import (
     D_QK,
-    FP8_AMAX_EPS,
     FP8_DS_MLA_GROUP,
     FP8_DS_MLA_NUM_GROUPS,
     FP8_DS_MLA_ROW_BYTES,
-    FP8_MAX,
     KV_LORA_RANK,
 )
+from ..fp8 import pow2_ceil, quantize_fp8_groups  # noqa: F401  (pow2_ceil re-exported for tests)
 from ..layouts import fp8_ds_mla_views
 
 KV_FORMATS = ("bf16", "fp8_ds_mla")
-
-_MANTISSA_MASK = (1 << 23) - 1  # fp32 mantissa bits
-
-
-def pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
-    """Round positive normal fp32 values up to a power of two, exactly (bit arithmetic)."""
-    bits = scale.to(torch.float32).contiguous().view(torch.int32)
-    bits = (bits + _MANTISSA_MASK) & ~_MANTISSA_MASK
-    return bits.view(torch.float32)
-
-
-def quantize_fp8_groups(x: torch.Tensor, group: int, ue8m0: bool):
-    """Quantise ``x [..., n*group]`` to fp8 e4m3fn with one fp32 scale per ``group`` values.
-
-    Returns ``(q [..., n*group] float8_e4m3fn, scale [..., n] float32)`` with
-    ``scale = max(amax, 1e-4) / 448`` (rounded up to a power of two when ``ue8m0``) and
-    ``q = fp8(clamp(x / scale, +-448))`` (IEEE fp32 division, round to nearest even).
-    """
-    *lead, width = x.shape
-    g = x.to(torch.float32).reshape(*lead, width // group, group)
-    amax = g.abs().amax(dim=-1)
-    # divide by a tensor, not a Python scalar: PyTorch's CUDA kernel turns `t / scalar` into
-    # `t * (1 / scalar)`, which is not the IEEE quotient
-    scale = amax.clamp_min(FP8_AMAX_EPS) / torch.full_like(amax, FP8_MAX)
-    if ue8m0:
-        scale = pow2_ceil(scale)
-    q = (g / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(*lead, width), scale
-
 
 def quantize_fp8_ds_mla(c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     """Pack ``c_kv [T, 512]`` bf16 and ``k_pe [T, 64]`` bf16 into fp8_ds_mla rows ``[T, 656]`` uint8.

@@ -1,0 +1,72 @@
+"""fp8 e4m3fn quantisation shared by every writer (MLA cache, indexer cache, indexer q):
+the PyTorch form (references) and the Triton form (kernels), defined once.
+
+scale = max(amax, FP8_AMAX_EPS) / 448 with IEEE division, rounded up to a power of two
+(exact bit arithmetic) for ue8m0 scales; q = fp8(clamp(x / scale, +-448)), round to nearest even.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .constants import FP8_AMAX_EPS, FP8_MAX
+
+_MANTISSA_MASK = (1 << 23) - 1  # fp32 mantissa bits
+
+
+def pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
+    """Round positive normal fp32 values up to a power of two, exactly (bit arithmetic)."""
+    bits = scale.to(torch.float32).contiguous().view(torch.int32)
+    bits = (bits + _MANTISSA_MASK) & ~_MANTISSA_MASK
+    return bits.view(torch.float32)
+
+
+def quantize_fp8_groups(x: torch.Tensor, group: int, ue8m0: bool):
+    """Quantise ``x [..., n*group]`` to fp8 e4m3fn with one fp32 scale per ``group`` values.
+
+    Returns ``(q [..., n*group] float8_e4m3fn, scale [..., n] float32)`` with
+    ``scale = max(amax, 1e-4) / 448`` (rounded up to a power of two when ``ue8m0``) and
+    ``q = fp8(clamp(x / scale, +-448))`` (IEEE fp32 division, round to nearest even).
+    """
+    *lead, width = x.shape
+    g = x.to(torch.float32).reshape(*lead, width // group, group)
+    amax = g.abs().amax(dim=-1)
+    # divide by a tensor, not a Python scalar: PyTorch's CUDA kernel turns `t / scalar` into
+    # `t * (1 / scalar)`, which is not the IEEE quotient
+    scale = amax.clamp_min(FP8_AMAX_EPS) / torch.full_like(amax, FP8_MAX)
+    if ue8m0:
+        scale = pow2_ceil(scale)
+    q = (g / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, width), scale
+
+
+@triton.jit
+def tl_pow2_ceil(s):
+    """Round positive normal fp32 values up to a power of two (exact: mantissa carry)."""
+    bits = s.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFFF) & -8388608  # -8388608 == 0xFF800000: keep sign and exponent
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr):
+    """Quantise each row of ``x [R, G]`` fp32: returns (bytes [R, G] uint8, scale [R] fp32).
+
+    scale = max(amax, eps) / 448 (IEEE division), rounded up to 2^k when UE8M0;
+    q = fp8_e4m3fn(clamp(x / scale, +-448)), round to nearest even (IEEE division, or the exact
+    product with 2^-k for a power-of-two scale: the same bits).
+    """
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.div_rn(tl.maximum(amax, AMAX_EPS), FP8_MAX_)
+    if UE8M0:
+        scale = tl_pow2_ceil(scale)
+        # x / 2^e == x * 2^-e exactly; 2^-e by exponent arithmetic (0x7F000000 = 254 << 23).
+        # The scale lies in [2^-22, 2^120], so its inverse is a normal number.
+        inv = (0x7F000000 - scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        y = x * inv[:, None]
+    else:
+        y = tl.div_rn(x, scale[:, None])
+    y = tl.minimum(tl.maximum(y, -FP8_MAX_), FP8_MAX_)
+    q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne")
+    return q.to(tl.uint8, bitcast=True), scale
