@@ -1,6 +1,7 @@
 """The ``dsa`` command line.
 
-    dsa run   [--device D] [--backend B] [--prompt-lens 300,77] [--decode-steps N] [--check] [--json]
+    dsa run   [--device D] [--backend B] [--model DIR] [--prompt-lens 300,77] [--decode-steps N] [--check] [--json]
+    dsa bench [--kernels indexer,topk,mla] [--quick] [--plot FILE.png] [--json]
     dsa info
     dsa generate / dsa make-tiny-model   (the model; see ``dsa generate -h``)
 """
@@ -30,20 +31,32 @@ def _device(name: str | None):
 
 
 def cmd_run(args) -> int:
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from . import pipeline
 
     dev = _device(args.device)
     wl = pipeline.Workload.default(dev)
-    over = {k: v for k, v in dict(prompt_lens=args.prompt_lens, decode_steps=args.decode_steps, num_heads=args.heads,
-                                  topk=args.topk, block_size=args.block_size, kv_format=args.kv_format,
-                                  next_n=args.next_n, seed=args.seed).items() if v is not None}
+    over = {k: v for k, v in dict(
+        prompt_lens=args.prompt_lens, decode_steps=args.decode_steps, arrivals=args.arrivals, num_heads=args.heads,
+        topk=args.topk, layers=args.layers, hidden=args.hidden, vocab=args.vocab, block_size=args.block_size,
+        kv_format=args.kv_format, indexer_dtype=args.indexer_dtype, max_num_batched_tokens=args.max_batched_tokens,
+        max_num_seqs=args.max_seqs, max_prefill_chunk=args.chunk, num_blocks=args.num_blocks,
+        seed=args.seed).items() if v is not None}
     wl = replace(wl, **over)
-    rep = pipeline.run(wl, dev, backend=args.backend, check=args.check, progress=not args.json)
+    if args.arrivals is None and args.prompt_lens is not None:
+        wl = replace(wl, arrivals=None)  # staggered default for the given prompts
+    if wl.max_num_batched_tokens < wl.max_num_seqs:
+        wl = replace(wl, max_num_seqs=wl.max_num_batched_tokens)
+    graph = {"auto": "auto", "on": "capture", "off": "off"}[args.cuda_graph]
+    try:
+        rep = pipeline.run(wl, dev, backend=args.backend, model_dir=args.model, check=args.check,
+                           progress=not args.json and not args.no_progress, profile=not args.no_stages,
+                           cuda_graph=graph)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dsa run: {e}", file=sys.stderr)
+        return 2
     if args.json:
-        from dataclasses import asdict
-
         print(json.dumps(asdict(rep), indent=1))
     else:
         print(pipeline.format_report(rep))
@@ -65,21 +78,39 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dsa", description="DeepSeek Sparse Attention in portable Triton")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("run", help="run the DSA pipeline on a built-in workload and print a per-stage report")
+    r = sub.add_parser("run", help="serve a workload through the DSA engine (continuous batching, chunked prefill, "
+                                   "CUDA-graph decode) and print a report")
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     r.add_argument("--backend", default=None, choices=["auto", "triton", "reference"],
                    help="implementation of every op (default: $DSA_BACKEND or auto)")
-    r.add_argument("--prompt-lens", type=_ints, default=None, help="comma-separated prompt lengths")
-    r.add_argument("--decode-steps", type=int, default=None)
-    r.add_argument("--heads", type=int, default=None, help="query heads h_q (multiple of 8, <= 128)")
-    r.add_argument("--topk", type=int, default=None)
-    r.add_argument("--block-size", type=int, default=None)
+    r.add_argument("--model", default=None, help="serve this checkpoint (config.json + *.safetensors) instead of "
+                                                 "random-weight layers")
+    r.add_argument("--prompt-lens", type=_ints, default=None, help="comma-separated prompt lengths (one per request)")
+    r.add_argument("--arrivals", type=_ints, default=None, help="comma-separated arrival step of each request")
+    r.add_argument("--decode-steps", type=int, default=None, help="new tokens per request")
+    r.add_argument("--heads", type=int, default=None, help="query heads h_q (multiple of 8, <= 128; synthetic model)")
+    r.add_argument("--topk", type=int, default=None, help="indexer top-k (synthetic model)")
+    r.add_argument("--layers", type=int, default=None, help="layers (synthetic model)")
+    r.add_argument("--hidden", type=int, default=None, help="hidden size (synthetic model)")
+    r.add_argument("--vocab", type=int, default=None, help="vocabulary size (synthetic model)")
+    r.add_argument("--block-size", type=int, default=None, help="tokens per cache block")
+    r.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: all requests at once)")
     r.add_argument("--kv-format", default=None, choices=["bf16", "fp8_ds_mla"])
-    r.add_argument("--next-n", type=int, default=None, help="tokens per request per decode step (MTP)")
+    r.add_argument("--indexer-dtype", default=None, choices=["fp8", "bf16"])
+    r.add_argument("--max-batched-tokens", type=int, default=None, help="token budget of one step")
+    r.add_argument("--max-seqs", type=int, default=None, help="running requests at most")
+    r.add_argument("--chunk", type=int, default=None, help="largest prefill chunk of one request")
+    r.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"], help="decode steps as CUDA graphs")
+    r.add_argument("--no-stages", action="store_true", help="no per-stage timing")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--check", action="store_true", help="compare sampled steps with the PyTorch reference backend")
+    r.add_argument("--check", action="store_true", help="re-run sampled steps on the PyTorch reference backend")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(fn=cmd_run)
+
+    from .bench import add_subcommand as add_bench
+
+    add_bench(sub)
 
     i = sub.add_parser("info", help="versions and which backend 'auto' picks here")
     i.set_defaults(fn=cmd_info)

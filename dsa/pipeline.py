@@ -1,330 +1,146 @@
-"""The DSA pipeline on a synthetic workload: what `dsa run` executes until the
-serving engine lands.
+"""``dsa run``: a workload served by the engine (:mod:`dsa.engine`), with a report.
 
-Per request it fills the paged MLA cache and the paged indexer cache with a
-prompt's keys (random activations: no model weights are involved), then runs
+The built-in workload (:meth:`Workload.default`):
 
-* one prefill pass over each prompt: indexer q/k preparation -> gather of the
-  request's indexer keys -> ``fp8_mqa_logits`` -> ``top_k_indices`` (ks/ke form)
-  -> ``convert_req_index_to_global_index`` -> ``sparse_mla``;
-* ``decode_steps`` batched decode steps: cache writes for the new token ->
-  ``fp8_paged_mqa_logits`` -> ``top_k_indices`` (decode form) -> index
-  conversion -> ``sparse_mla``.
+* on a GPU: DeepSeek-V3.2's attention (128 query heads, the 576/512 latent cache in the
+  ``fp8_ds_mla`` format, the fp8 indexer with 64 heads x 128, top-k 2048, block size 64) in a
+  few random-weight layers (hidden 7168, q LoRA 1536, dense MLPs so that decode can be captured
+  in CUDA graphs), and several requests with 16K-64K-token prompts arriving over the first
+  steps, each decoding a few hundred tokens;
+* on a CPU: the same structure scaled down (16 heads, top-k 128, hidden 256, prompts of a few
+  hundred to 2K tokens, 48 new tokens each, at most 4 running) so that it finishes well within a minute
+  on the PyTorch references.
 
-It times each stage and reports which implementation (Triton kernel or PyTorch
-reference) ran it. With ``check=True`` every step is recomputed with the
-reference backend and the largest differences are reported.
+``--model DIR`` serves a checkpoint instead (random prompt token ids of the given lengths).
+The report: TTFT per request, decode tokens/s, step latency percentiles, time per stage
+(indexer logits, top-k, attention, the rest: :class:`dsa.engine.StageProfiler`), peak memory,
+and with ``check`` the largest difference of sampled steps re-run on the reference backend.
 """
 from __future__ import annotations
 
-import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from . import backend as _backend
-from .constants import D_QK, INDEXER_HEAD_DIM, INDEXER_NUM_HEADS, KV_LORA_RANK, ROPE_DIM
-
-STAGES = ("cache_write", "indexer_prep", "indexer_logits", "top_k", "index_convert", "attention")
+from .engine import STAGES, Engine, EngineConfig
 
 
 @dataclass
 class Workload:
-    prompt_lens: list[int]
-    decode_steps: int
+    prompt_lens: list
+    decode_steps: int  # new tokens per request
+    arrivals: list | None = None  # engine step at which each request arrives (default: staggered)
     num_heads: int = 128
     topk: int = 2048
+    layers: int = 4
+    hidden: int = 7168
+    q_lora_rank: int = 1536
+    intermediate: int = 18432
+    vocab: int = 129280
     block_size: int = 64
-    kv_format: str = "bf16"
-    next_n: int = 1
+    kv_format: str = "fp8_ds_mla"
+    indexer_dtype: str = "fp8"
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 8
+    max_prefill_chunk: int | None = None
+    num_blocks: int | None = None  # default: every request's whole length at once, plus slack
     seed: int = 0
 
     @staticmethod
     def default(device: torch.device) -> "Workload":
         """DeepSeek-V3.2 attention dimensions on a GPU; a scaled-down one on the CPU."""
         if device.type == "cuda":
-            return Workload(prompt_lens=[16384, 32768, 65536, 24576], decode_steps=256, num_heads=128, topk=2048,
-                            block_size=64, kv_format="fp8_ds_mla")
-        return Workload(prompt_lens=[300, 77, 1030, 512], decode_steps=8, num_heads=16, topk=128,
-                        block_size=64, kv_format="fp8_ds_mla")
+            return Workload(prompt_lens=[16384, 65536, 32768, 24576, 49152, 20480], decode_steps=256,
+                            arrivals=[0, 0, 4, 8, 16, 24])
+        return Workload(prompt_lens=[300, 77, 1030, 512, 2048, 160], decode_steps=48, arrivals=[0, 0, 3, 6, 10, 14],
+                        num_heads=16, topk=128, layers=2, hidden=256, q_lora_rank=128, intermediate=512, vocab=512,
+                        max_num_batched_tokens=256, max_num_seqs=4)
+
+    def arrival_steps(self) -> list:
+        if self.arrivals is not None:
+            if len(self.arrivals) != len(self.prompt_lens):
+                raise ValueError(f"arrivals: expected {len(self.prompt_lens)} values (one per prompt), "
+                                 f"got {len(self.arrivals)}")
+            return list(self.arrivals)
+        return [2 * i for i in range(len(self.prompt_lens))]
+
+
+def synthetic_model(wl: Workload, device, backend: str | None = None):
+    """Random-weight DeepSeek-V3.2 layers with the workload's attention dimensions, built on ``device``."""
+    from .model.config import ModelConfig
+    from .model.layers import RotaryEmbedding
+    from .model.model import DeepseekV32ForCausalLM
+    from .model.tiny import INIT, TINY_CONFIG, _std
+
+    d = dict(TINY_CONFIG)
+    d.update(vocab_size=wl.vocab, hidden_size=wl.hidden, intermediate_size=wl.intermediate,
+             num_hidden_layers=wl.layers, num_attention_heads=wl.num_heads, num_key_value_heads=wl.num_heads,
+             q_lora_rank=wl.q_lora_rank, index_topk=wl.topk, first_k_dense_replace=wl.layers)
+    cfg = ModelConfig.from_dict(d)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(wl.seed)
+    with torch.device("meta"):
+        model = DeepseekV32ForCausalLM(cfg)
+    model.to_empty(device=device)
+    model.to(torch.bfloat16)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            mean, std = _std(name, t.shape, INIT)
+            t.normal_(mean, std, generator=g)
+    model.model.rotary_emb = RotaryEmbedding(cfg).to(device)
+    model.set_options(indexer_dtype=wl.indexer_dtype, kv_format=wl.kv_format, backend=backend)
+    return model.eval()
 
 
 @dataclass
 class Report:
     workload: dict
     device: str
-    backends: dict
-    stage_seconds: dict = field(default_factory=dict)
-    prefill_seconds: list = field(default_factory=list)
-    decode_step_seconds: list = field(default_factory=list)
+    backend: str
+    model: dict
+    engine: dict
+    requests: list = field(default_factory=list)
+    ttft_seconds: list = field(default_factory=list)
     decode_tokens_per_s: float = 0.0
+    output_tokens: int = 0
+    wall_seconds: float = 0.0
+    step_latency_ms: dict = field(default_factory=dict)
+    stage_seconds: dict = field(default_factory=dict)  # {step kind: {stage: s}}
+    stage_total: dict = field(default_factory=dict)  # {stage: s} over the profiled steps
     peak_memory_bytes: int = 0
+    peak_memory_kind: str = ""
     check: dict | None = None
 
 
-class _Timer:
-    def __init__(self, device):
-        self.device = device
-        self.acc = {s: 0.0 for s in STAGES}
+def _pct(xs: list) -> dict:
+    if not xs:
+        return {}
+    s = sorted(xs)
 
-    def sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def q(p):
+        return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1e3
 
-    def stage(self, name):
-        timer = self
-
-        class _Ctx:
-            def __enter__(self):
-                timer.sync()
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.sync()
-                timer.acc[name] += time.perf_counter() - self.t0
-
-        return _Ctx()
-
-
-def _rope_tables(positions: torch.Tensor, dim: int, base: float = 10000.0):
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
-    ang = positions.float()[:, None] * inv[None, :]
-    return ang.cos(), ang.sin()
-
-
-class Pipeline:
-    """Paged caches plus the per-stage DSA ops, on one device."""
-
-    def __init__(self, wl: Workload, device: torch.device, backend: str | None = None):
-        from .indexer_cache import indexer_k_quant_and_cache  # noqa: F401  (fail early if missing)
-
-        self.wl, self.device, self.backend = wl, device, backend
-        g = torch.Generator(device="cpu")
-        g.manual_seed(wl.seed)
-        self.g = g
-        bs = wl.block_size
-        max_len = [L + wl.decode_steps * wl.next_n for L in wl.prompt_lens]
-        blocks = [math.ceil(L / bs) for L in max_len]
-        self.num_blocks = sum(blocks) + 1
-        perm = torch.randperm(self.num_blocks, generator=g)
-        self.block_table = torch.full((len(max_len), max(blocks)), -1, dtype=torch.int32)
-        pos = 0
-        for r, nb in enumerate(blocks):
-            self.block_table[r, :nb] = perm[pos:pos + nb].to(torch.int32)
-            pos += nb
-        self.block_table = self.block_table.to(device)
-        if wl.kv_format == "bf16":
-            self.kv_cache = torch.empty(self.num_blocks, bs, D_QK, dtype=torch.bfloat16, device=device)
-        else:
-            from .constants import FP8_DS_MLA_ROW_BYTES
-
-            self.kv_cache = torch.zeros(self.num_blocks, bs, FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8, device=device)
-            self.kv_cache[..., :KV_LORA_RANK] = 0x7F  # NaN fp8 in unused slots: must never leak
-        from .constants import INDEXER_ROW_BYTES
-
-        self.idx_cache = torch.zeros(self.num_blocks, bs * INDEXER_ROW_BYTES, dtype=torch.uint8, device=device)
-        self.lens = [0] * len(max_len)
-        self.sm_scale = (128 + ROPE_DIM) ** -0.5
-
-    # -- random activations ------------------------------------------------
-    def _randn(self, *shape, scale=1.0):
-        return (torch.randn(*shape, generator=self.g) * scale).to(torch.bfloat16).to(self.device)
-
-    def _slots(self, r: int, positions: torch.Tensor) -> torch.Tensor:
-        bs = self.wl.block_size
-        bt = self.block_table[r].long()
-        return bt[positions // bs] * bs + positions % bs
-
-    def write_tokens(self, r: int, n: int, timer: _Timer):
-        from .indexer_cache import indexer_k_quant_and_cache
-        from .indexer_prep import prepare_indexer_k
-        from .mla_cache import concat_and_cache_mla
-
-        pos = torch.arange(self.lens[r], self.lens[r] + n, device=self.device)
-        c_kv, k_pe, k_idx = self._randn(n, KV_LORA_RANK), self._randn(n, ROPE_DIM), self._randn(n, INDEXER_HEAD_DIM)
-        cos, sin = _rope_tables(pos, ROPE_DIM)
-        slots = self._slots(r, pos)
-        with timer.stage("indexer_prep"):
-            k_idx = prepare_indexer_k(k_idx, cos, sin, backend=self.backend)
-        with timer.stage("cache_write"):
-            concat_and_cache_mla(c_kv, k_pe, self.kv_cache, slots, kv_format=self.wl.kv_format, backend=self.backend)
-            indexer_k_quant_and_cache(k_idx, self.idx_cache, slots, backend=self.backend)
-        self.lens[r] += n
-        return pos
-
-    def queries(self, positions: torch.Tensor):
-        n = positions.numel()
-        cos, sin = _rope_tables(positions, ROPE_DIM)
-        q_idx = self._randn(n, INDEXER_NUM_HEADS, INDEXER_HEAD_DIM)
-        w_idx = torch.randn(n, INDEXER_NUM_HEADS, generator=self.g).to(self.device)
-        q = self._randn(n, self.wl.num_heads, D_QK, scale=0.5)
-        return q, q_idx, w_idx, cos, sin
-
-
-def _prefill(p: Pipeline, r: int, timer: _Timer, be, max_logits_bytes: int = 512 << 20):
-    """Prefill request ``r``: its keys go into both caches, then its queries run the sparse
-    pipeline in query chunks whose fp32 indexer logits stay under ``max_logits_bytes``.
-    Returns the state of the first chunk (for ``--check``)."""
-    from .indexer_cache import gather_indexer_k
-    from .indexer_prep import prepare_indexer_q
-    from .metadata import convert_req_index_to_global_index
-    from .mqa_logits import fp8_mqa_logits, split_prefill_chunks
-    from .mla import sparse_mla
-    from .topk import top_k_indices
-
-    L = p.wl.prompt_lens[r]
-    pos = p.write_tokens(r, L, timer)
-    q, q_idx, w_idx, cos, sin = p.queries(pos)
-    dev = p.device
-    with timer.stage("indexer_prep"):
-        q_fp8, weights = prepare_indexer_q(q_idx, cos, sin, w_idx, backend=be)
-    with timer.stage("indexer_logits"):
-        cu = torch.tensor([0, L], dtype=torch.int32, device=dev)
-        k_fp8, k_scale = gather_indexer_k(p.idx_cache, p.block_table[r:r + 1], cu, num_tokens=L, backend=be)
-    ks = torch.zeros(L, dtype=torch.int32, device=dev)
-    ke = (pos + 1).to(torch.int32)  # causal: query i sees keys [0, i]
-    req = torch.full((L,), r, dtype=torch.int32, device=dev)
-    # host-side chunk plan from the known causal ranges (no device sync)
-    chunks = split_prefill_chunks([0] * L, list(range(1, L + 1)), L, max_logits_bytes)
-    first = None
-    for (s, e, k0, k1) in chunks:
-        with timer.stage("indexer_logits"):
-            logits = fp8_mqa_logits(q_fp8[s:e], (k_fp8[k0:k1], k_scale[k0:k1]), weights[s:e], ks[s:e] - k0, ke[s:e] - k0,
-                                    backend=be)
-        with timer.stage("top_k"):
-            rel = top_k_indices(logits, p.wl.topk, ks[s:e] - k0, ke[s:e] - k0, backend=be)
-        with timer.stage("index_convert"):
-            glob = convert_req_index_to_global_index(req[s:e], p.block_table, rel, p.wl.block_size, backend=be)
-        with timer.stage("attention"):
-            out, _, lse = sparse_mla(q[s:e], p.kv_cache, glob, p.sm_scale, backend=be)
-        if first is None:
-            first = {"q": q[s:e], "q_fp8": q_fp8[s:e], "weights": weights[s:e], "ks": ks[s:e] - k0, "ke": ke[s:e] - k0,
-                     "k": (k_fp8[k0:k1], k_scale[k0:k1]), "req": req[s:e], "out": out, "lse": lse, "logits": logits,
-                     "rel": rel}
-    return first
-
-
-def _decode(p: Pipeline, timer: _Timer, be):
-    from .indexer_prep import prepare_indexer_q
-    from .metadata import convert_req_index_to_global_index
-    from .mqa_logits import fp8_paged_mqa_logits
-    from .mla import sparse_mla
-    from .topk import top_k_indices
-
-    nn, B, dev = p.wl.next_n, len(p.lens), p.device
-    pos = torch.cat([p.write_tokens(r, nn, timer) for r in range(B)])
-    q, q_idx, w_idx, cos, sin = p.queries(pos)
-    ctx = torch.tensor(p.lens, dtype=torch.int32, device=dev)
-    max_ctx = max(p.lens)
-    with timer.stage("indexer_prep"):
-        q_fp8, weights = prepare_indexer_q(q_idx, cos, sin, w_idx, backend=be)
-    with timer.stage("indexer_logits"):
-        logits = fp8_paged_mqa_logits(q_fp8.view(B, nn, INDEXER_NUM_HEADS, INDEXER_HEAD_DIM), p.idx_cache, weights, ctx,
-                                      p.block_table, max_ctx, backend=be)
-    with timer.stage("top_k"):
-        rel = top_k_indices(logits, p.wl.topk, seq_lens=ctx, next_n=nn, backend=be)
-    with timer.stage("index_convert"):
-        req = torch.arange(B, dtype=torch.int32, device=dev).repeat_interleave(nn)
-        glob = convert_req_index_to_global_index(req, p.block_table, rel, p.wl.block_size, backend=be)
-    with timer.stage("attention"):
-        out, _, lse = sparse_mla(q, p.kv_cache, glob, p.sm_scale, backend=be)
-    return {"q": q, "q_fp8": q_fp8, "weights": weights, "ctx": ctx, "max_ctx": max_ctx, "req": req, "out": out,
-            "lse": lse, "logits": logits, "rel": rel}
-
-
-def _check_step(p: Pipeline, st: dict, decode: bool) -> dict:
-    """Recompute one step with the reference backend on the same inputs; largest differences."""
-    from .mqa_logits import fp8_mqa_logits, fp8_paged_mqa_logits
-    from .metadata import convert_req_index_to_global_index
-    from .mla import sparse_mla
-    from .topk import top_k_indices
-
-    ref = "reference"
-    if decode:
-        B = len(p.lens)
-        logits = fp8_paged_mqa_logits(st["q_fp8"].view(B, p.wl.next_n, INDEXER_NUM_HEADS, INDEXER_HEAD_DIM), p.idx_cache,
-                                      st["weights"], st["ctx"], p.block_table, st["max_ctx"], backend=ref)
-    else:
-        logits = fp8_mqa_logits(st["q_fp8"], st["k"], st["weights"], st["ks"], st["ke"], backend=ref)
-    fin = torch.isfinite(logits)
-    logit_diff = float((logits[fin] - st["logits"][fin]).abs().max()) if fin.any() else 0.0
-    same_inf = bool(torch.equal(fin, torch.isfinite(st["logits"])))
-    # top-k: compare selected value multisets on the kernel's own logits (tie-insensitive)
-    if decode:
-        rel_ref = top_k_indices(st["logits"], p.wl.topk, seq_lens=st["ctx"], next_n=p.wl.next_n, backend=ref)
-    else:
-        rel_ref = top_k_indices(st["logits"], p.wl.topk, st["ks"], st["ke"], backend=ref)
-
-    def picked(rel):
-        v = torch.where(rel >= 0, st["logits"].gather(1, rel.clamp_min(0).long()), torch.full_like(rel, float("-inf"), dtype=torch.float32))
-        return v.sort(dim=1).values
-
-    topk_same = bool(torch.equal(picked(rel_ref), picked(st["rel"])))
-    glob = convert_req_index_to_global_index(st["req"], p.block_table, st["rel"], p.wl.block_size, backend=ref)
-    out, _, lse = sparse_mla(st["q"], p.kv_cache, glob, p.sm_scale, backend=ref)
-    return {"logits_max_abs_diff": logit_diff, "logits_inf_pattern_equal": same_inf, "topk_values_equal": topk_same,
-            "attn_out_max_abs_diff": float((out.float() - st["out"].float()).abs().max()),
-            "lse_max_abs_diff": float((lse - st["lse"]).abs().max())}
-
-
-def run(wl: Workload, device: torch.device, backend: str | None = None, check: bool = False, progress: bool = True) -> Report:
-    p = Pipeline(wl, device, backend)
-    be = backend
-    resolved = _backend.resolve(backend, device)
-    rep = Report(workload=asdict(wl), device=str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
-                 backends={s: resolved for s in STAGES})
-    timer = _Timer(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    checks = []
-    total = len(wl.prompt_lens) + wl.decode_steps
-    bar = _Progress(total, enabled=progress)
-    for r in range(len(wl.prompt_lens)):
-        t0 = time.perf_counter()
-        st = _prefill(p, r, timer, be)
-        timer.sync()
-        rep.prefill_seconds.append(time.perf_counter() - t0)
-        if check and r == 0:
-            checks.append(_check_step(p, st, decode=False))
-        bar.step(f"prefill {r}")
-    for i in range(wl.decode_steps):
-        t0 = time.perf_counter()
-        st = _decode(p, timer, be)
-        timer.sync()
-        rep.decode_step_seconds.append(time.perf_counter() - t0)
-        if check and (i == 0 or i == wl.decode_steps - 1):
-            checks.append(_check_step(p, st, decode=True))
-        bar.step(f"decode {i}")
-    bar.close()
-    rep.stage_seconds = dict(timer.acc)
-    dec = sum(rep.decode_step_seconds)
-    rep.decode_tokens_per_s = (wl.decode_steps * len(wl.prompt_lens) * wl.next_n / dec) if dec > 0 else 0.0
-    if device.type == "cuda":
-        rep.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
-    if check:
-        rep.check = {k: (max(c[k] for c in checks) if isinstance(checks[0][k], float) else all(c[k] for c in checks))
-                     for k in checks[0]}
-    return rep
+    return {"n": len(s), "p50": q(50), "p90": q(90), "p99": q(99), "max": s[-1] * 1e3}
 
 
 class _Progress:
     """A minimal progress bar on stderr (no dependency)."""
 
     def __init__(self, total: int, enabled: bool = True):
-        import sys
-
-        self.total, self.n, self.enabled, self.out = total, 0, enabled and total > 0, sys.stderr
+        self.total, self.n, self.enabled, self.out = max(total, 1), 0, enabled, sys.stderr
         self.t0 = time.perf_counter()
 
-    def step(self, what: str = ""):
-        self.n += 1
+    def update(self, n: int, what: str = ""):
+        self.n = n
         if not self.enabled:
             return
         w = 30
-        done = int(w * self.n / self.total)
+        done = min(w, int(w * self.n / self.total))
         el = time.perf_counter() - self.t0
-        self.out.write(f"\r[{'#' * done}{'.' * (w - done)}] {self.n}/{self.total} {what:<14} {el:6.1f}s")
+        self.out.write(f"\r[{'#' * done}{'.' * (w - done)}] {100 * self.n / self.total:5.1f}% {what:<34} {el:7.1f}s")
         self.out.flush()
 
     def close(self):
@@ -333,32 +149,147 @@ class _Progress:
             self.out.flush()
 
 
+def run(wl: Workload, device: torch.device, backend: str | None = None, *, model_dir: str | None = None,
+        check: bool = False, progress: bool = True, profile: bool = True, cuda_graph: str = "auto") -> Report:
+    device = torch.device(device)
+    if model_dir is not None:
+        from .model.loader import load_model
+
+        model = load_model(model_dir, device, indexer_dtype=wl.indexer_dtype, kv_format=wl.kv_format, backend=backend)
+        mc = model.config
+        src = model_dir
+    else:
+        model = synthetic_model(wl, device, backend)
+        mc = model.config
+        src = "synthetic (random weights)"
+    g = torch.Generator().manual_seed(wl.seed)
+    prompts = [torch.randint(2, mc.vocab_size, (L,), generator=g).tolist() for L in wl.prompt_lens]
+    bs = wl.block_size
+    need = sum(-(-(L + wl.decode_steps) // bs) for L in wl.prompt_lens)
+    num_blocks = wl.num_blocks or need + 4
+    max_len = max(wl.prompt_lens, default=1) + wl.decode_steps
+    ecfg = EngineConfig(block_size=bs, num_blocks=num_blocks, max_num_batched_tokens=wl.max_num_batched_tokens,
+                        max_num_seqs=wl.max_num_seqs, max_prefill_chunk=wl.max_prefill_chunk,
+                        max_model_len=max_len, cuda_graph=cuda_graph, profile=profile, check=check,
+                        ignore_eos=True, check_max_tokens=1 << 30)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    eng = Engine(model, ecfg)
+    for p, a in zip(prompts, wl.arrival_steps()):
+        eng.add_request(p, wl.decode_steps, arrival_step=a)
+    total = sum(wl.prompt_lens) + wl.decode_steps * len(wl.prompt_lens)
+    bar = _Progress(total, enabled=progress)
+
+    def on_step(e, rec):
+        done = sum(r.num_computed + (1 if r.status == "finished" and r.output else 0) for r in e.requests)
+        s = e.sched
+        bar.update(done, f"step {s.step_index} run {len(s.running)} wait {len(s.waiting)}"
+                   + (f" [{rec.kind}]" if rec is not None else ""))
+
+    t0 = time.perf_counter()
+    reqs = eng.run(progress=on_step)
+    wall = time.perf_counter() - t0
+    bar.close()
+    resolved = _backend.resolve(backend, device)
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    rep = Report(
+        workload=asdict(wl), device=dev_name, backend=resolved,
+        model=dict(source=src, layers=mc.num_hidden_layers, heads=mc.num_attention_heads, hidden=mc.hidden_size,
+                   index_topk=mc.index_topk, vocab=mc.vocab_size, indexer_dtype=model.indexer_dtype,
+                   kv_format=model.kv_format),
+        engine=dict(block_size=bs, num_blocks=num_blocks, max_num_batched_tokens=wl.max_num_batched_tokens,
+                    max_num_seqs=wl.max_num_seqs, max_prefill_chunk=wl.max_prefill_chunk, max_model_len=max_len,
+                    cuda_graph=eng.graph_mode, cuda_graph_note=eng.graph_note,
+                    graph_buckets=eng.graph.buckets if eng.graph else None,
+                    graph_captures=eng.graph.num_captures if eng.graph else 0,
+                    graph_replays=eng.graph.num_replays if eng.graph else 0,
+                    steps=len(eng.steps), blocks_all_returned=eng.blocks.all_free()),
+        wall_seconds=wall,
+    )
+    for r in reqs:
+        rep.requests.append(dict(id=r.rid, prompt_len=len(r.prompt), arrival_step=r.arrival_step, status=r.status,
+                                 error=r.error, output_len=len(r.output), ttft_s=r.ttft, finish_reason=r.finish_reason))
+        if r.ttft is not None:
+            rep.ttft_seconds.append(r.ttft)
+    rep.output_tokens = sum(len(r.output) for r in reqs)
+    dec = [s for s in eng.steps if s.kind in ("decode", "decode_graph")]
+    dsec = sum(s.seconds for s in dec)
+    rep.decode_tokens_per_s = sum(s.num_decodes for s in dec) / dsec if dsec > 0 else 0.0
+    rep.step_latency_ms = {"all": _pct([s.seconds for s in eng.steps]),
+                           "decode": _pct([s.seconds for s in dec]),
+                           "decode_graph": _pct([s.seconds for s in eng.steps if s.kind == "decode_graph"]),
+                           "prefill_or_mixed": _pct([s.seconds for s in eng.steps if s.kind in ("prefill", "mixed")])}
+    rep.stage_seconds = eng.stage_seconds()
+    rep.stage_total = {st: sum(k.get(st, 0.0) for k in rep.stage_seconds.values()) for st in STAGES}
+    if device.type == "cuda":
+        rep.peak_memory_bytes, rep.peak_memory_kind = int(torch.cuda.max_memory_allocated(device)), "GPU allocated"
+    else:
+        import resource
+
+        rep.peak_memory_bytes = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        rep.peak_memory_kind = "process RSS"
+    if check:
+        cs = eng.checks
+        rep.check = dict(
+            steps=[dict(step=c.step, kind=c.kind) for c in cs], num_steps=len(cs),
+            logits_max_abs_diff=max((c.logits_max_abs_diff for c in cs), default=0.0),
+            logits_max_rel_diff=max((c.logits_max_rel_diff for c in cs), default=0.0),
+            argmax_equal=all(c.argmax_equal for c in cs),
+            topk_rows_equal_min=min((c.topk_rows_equal for c in cs if c.topk_rows_equal is not None), default=None),
+            reference_backend="reference")
+    return rep
+
+
 def format_report(rep: Report) -> str:
-    wl = rep.workload
+    wl, m, e = rep.workload, rep.model, rep.engine
     lines = [
-        f"dsa run on {rep.device}: {len(wl['prompt_lens'])} requests, prompts {wl['prompt_lens']}, "
-        f"{wl['decode_steps']} decode steps, h_q {wl['num_heads']}, topk {wl['topk']}, block {wl['block_size']}, "
-        f"MLA cache {wl['kv_format']}",
+        f"dsa run on {rep.device} ({rep.backend} ops): {len(wl['prompt_lens'])} requests, prompts {wl['prompt_lens']}, "
+        f"{wl['decode_steps']} new tokens each",
+        f"model: {m['source']}; {m['layers']} layers, {m['heads']} heads, hidden {m['hidden']}, "
+        f"top-k {m['index_topk']}, "
+        f"indexer {m['indexer_dtype']}, MLA cache {m['kv_format']}",
+        f"engine: block {e['block_size']} x {e['num_blocks']} blocks, "
+        f"budget {e['max_num_batched_tokens']} tokens/step, "
+        f"<= {e['max_num_seqs']} running, {e['steps']} steps, CUDA graphs {e['cuda_graph']}"
+        + (f" (buckets {e['graph_buckets']}, {e['graph_captures']} captured, {e['graph_replays']} replays)"
+           if e["graph_buckets"] else "")
+        + (f" [{e['cuda_graph_note']}]" if e["cuda_graph_note"] else ""),
         "",
-        f"{'request':>8} {'prompt':>8} {'TTFT (prefill) ms':>18}",
+        f"{'request':>8} {'prompt':>8} {'arrival':>8} {'out':>5} {'TTFT ms':>10}  status",
     ]
-    for r, (L, t) in enumerate(zip(wl["prompt_lens"], rep.prefill_seconds)):
-        lines.append(f"{r:>8} {L:>8} {t * 1e3:>18.2f}")
-    if rep.decode_step_seconds:
-        s = sorted(rep.decode_step_seconds)
-
-        def pct(q):
-            return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] * 1e3
-
-        lines += ["", f"decode: {rep.decode_tokens_per_s:,.1f} tokens/s; step latency ms p50 {pct(50):.2f}  p90 {pct(90):.2f}  "
-                      f"p99 {pct(99):.2f}  max {s[-1] * 1e3:.2f}"]
-    tot = sum(rep.stage_seconds.values()) or 1.0
-    lines += ["", f"{'stage':<16} {'implementation':<16} {'seconds':>9} {'share':>7}"]
-    for st in STAGES:
-        lines.append(f"{st:<16} {rep.backends[st]:<16} {rep.stage_seconds[st]:>9.3f} {100 * rep.stage_seconds[st] / tot:>6.1f}%")
+    for r in rep.requests:
+        t = f"{r['ttft_s'] * 1e3:10.1f}" if r["ttft_s"] is not None else f"{'-':>10}"
+        st = r["status"] + (f": {r['error']}" if r["error"] else "")
+        lines.append(f"{r['id']:>8} {r['prompt_len']:>8} {r['arrival_step']:>8} {r['output_len']:>5} {t}  {st}")
+    lines += ["", f"decode: {rep.decode_tokens_per_s:,.1f} tokens/s; {rep.output_tokens} tokens out in "
+                  f"{rep.wall_seconds:.2f} s"]
+    lines.append(f"{'step latency ms':<22} {'n':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9}")
+    for k, v in rep.step_latency_ms.items():
+        if v:
+            lines.append(f"{k:<22} {v['n']:>5} {v['p50']:>9.2f} {v['p90']:>9.2f} {v['p99']:>9.2f} {v['max']:>9.2f}")
+    if rep.stage_seconds:
+        kinds = list(rep.stage_seconds)
+        lines += ["", "time per stage, seconds (eager steps; with CUDA graphs one decode step in 16 runs eagerly "
+                      "to be timed)" if e["graph_buckets"] and e["cuda_graph"] == "capture" else
+                  "time per stage, seconds:"]
+        lines.append(f"{'stage':<16}" + "".join(f"{k:>12}" for k in kinds) + f"{'total':>12}{'share':>8}")
+        tot = sum(rep.stage_total.values()) or 1.0
+        for st in STAGES:
+            lines.append(f"{st:<16}" + "".join(f"{rep.stage_seconds[k][st]:>12.4f}" for k in kinds)
+                         + f"{rep.stage_total[st]:>12.4f}{100 * rep.stage_total[st] / tot:>7.1f}%")
     if rep.peak_memory_bytes:
-        lines.append(f"\npeak GPU memory: {rep.peak_memory_bytes / 2**30:.2f} GiB")
+        lines.append(f"\npeak memory ({rep.peak_memory_kind}): {rep.peak_memory_bytes / 2**30:.2f} GiB")
     if rep.check is not None:
-        lines += ["", "check against the PyTorch reference backend (largest over the checked steps):"]
-        lines += [f"  {k}: {v}" for k, v in rep.check.items()]
+        c = rep.check
+        lines += ["", f"check: {c['num_steps']} sampled steps re-run on the PyTorch reference backend: "
+                      f"largest logit difference {c['logits_max_abs_diff']:.3g} "
+                      f"({100 * c['logits_max_rel_diff']:.2f}% of the "
+                      f"largest logit), greedy tokens "
+                      f"{'equal' if c['argmax_equal'] else 'DIFFER'}"
+                  + (f", indexer selections equal on {100 * c['topk_rows_equal_min']:.1f}% of rows (worst step)"
+                     if c["topk_rows_equal_min"] is not None else "")]
     return "\n".join(lines)
+
+
+__all__ = ["Workload", "Report", "run", "format_report", "synthetic_model"]

@@ -1,5 +1,6 @@
-"""`dsa run` (the main job) end to end on a tiny workload, with the kernels (under the CPU
-interpreter when there is no GPU) checked against the reference backend."""
+"""`dsa run` (the main job) end to end on a tiny workload served by the engine, with the kernels
+(under the CPU interpreter when there is no GPU) checked against the reference backend, and
+`dsa bench` on its smoke shapes."""
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import pytest
 from dsa import cli
 from utils import DEVICE
 
-TINY = ["--prompt-lens", "40,17,33", "--decode-steps", "2", "--heads", "8", "--topk", "16", "--block-size", "16",
-        "--device", DEVICE]
+TINY = ["--prompt-lens", "40,17,33", "--arrivals", "0,0,2", "--decode-steps", "3", "--heads", "8", "--topk", "16",
+        "--layers", "1", "--hidden", "256", "--vocab", "512", "--block-size", "16", "--max-batched-tokens", "48",
+        "--max-seqs", "3", "--device", DEVICE]
 
 
 def _run(capsys, *extra):
@@ -20,22 +22,37 @@ def _run(capsys, *extra):
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_run_triton_matches_reference(capsys, kv_format):
-    rep = _run(capsys, "--backend", "triton", "--check", "--kv-format", kv_format, "--next-n", "2")
-    assert set(rep["backends"].values()) == {"triton"}
+    rep = _run(capsys, "--backend", "triton", "--check", "--kv-format", kv_format)
+    assert rep["backend"] == "triton"
     chk = rep["check"]
-    assert chk["logits_inf_pattern_equal"] and chk["topk_values_equal"]
-    assert chk["logits_max_abs_diff"] < 1e-3
-    assert chk["attn_out_max_abs_diff"] < 2e-2  # bf16 output of O(1) values
-    assert chk["lse_max_abs_diff"] < 1e-3
-    assert len(rep["prefill_seconds"]) == 3 and len(rep["decode_step_seconds"]) == 2
-    assert rep["decode_tokens_per_s"] > 0
+    kinds = {s["kind"] for s in chk["steps"]}
+    assert kinds & {"decode", "decode_graph"} and kinds & {"prefill", "mixed"}  # decode_graph: CUDA graphs
+    # whole-model logits (a few units large) after bf16 roundings whose order differs between the
+    # kernels and the references: within a few bf16 ulps; the discrete decisions agree exactly
+    assert chk["logits_max_rel_diff"] < 2e-2
+    assert chk["argmax_equal"] and chk["topk_rows_equal_min"] == 1.0
+    assert [r["status"] for r in rep["requests"]] == ["finished"] * 3
+    assert all(r["output_len"] == 3 and r["ttft_s"] > 0 for r in rep["requests"])
+    assert rep["engine"]["blocks_all_returned"]
+    assert rep["decode_tokens_per_s"] > 0 and rep["step_latency_ms"]["all"]["n"] == rep["engine"]["steps"]
+    assert set(rep["stage_total"]) == {"indexer_logits", "top_k", "attention", "rest"}
+    assert rep["stage_total"]["attention"] > 0 and rep["peak_memory_bytes"] > 0
 
 
 def test_run_reference_text_report(capsys):
-    assert cli.main(["run", *TINY, "--backend", "reference"]) == 0
+    assert cli.main(["run", *TINY, "--backend", "reference", "--chunk", "8"]) == 0
     out = capsys.readouterr().out
-    for word in ("TTFT", "decode:", "attention", "indexer_logits", "top_k", "reference"):
+    for word in ("TTFT", "decode:", "tokens/s", "p50", "p99", "attention", "indexer_logits", "top_k", "rest",
+                 "reference", "peak memory"):
         assert word in out
+
+
+def test_run_rejects_unservable_request_clearly(capsys):
+    rep = _run(capsys, "--backend", "reference", "--num-blocks", "3", "--prompt-lens", "40,17,200",
+               "--arrivals", "0,0,0")
+    st = [r["status"] for r in rep["requests"]]
+    assert st == ["finished", "finished", "rejected"]
+    assert "too large" in rep["requests"][2]["error"]
 
 
 def test_console_entry_point_info():
@@ -47,3 +64,44 @@ def test_bad_arguments_are_clear(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--prompt-lens", "1,x"])
     assert "comma-separated integers" in capsys.readouterr().err
+    assert cli.main(["run", *TINY, "--arrivals", "0,1"]) == 2
+    assert "arrivals" in capsys.readouterr().err
+
+
+def test_bench_smoke_json(capsys):
+    """`dsa bench` runs every kernel suite (tiny shapes under the interpreter without a GPU) and
+    reports time, rate, % of ceiling and the PyTorch baseline per row."""
+    from utils import ON_GPU
+
+    assert cli.main(["bench", "--smoke", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    kernels = [r["kernel"] for r in rep["rows"]]
+    assert kernels.count("indexer") == 5 and kernels.count("topk") == 2 and kernels.count("mla") == 2
+    for r in rep["rows"]:
+        assert r["ms"] > 0 and r["unit"] in ("TFLOP/s", "GB/s") and r["base_ms"] > 0 and r["pct_ceiling"] >= 0
+    assert rep["device"] != "" and ("cpu" in rep["device"]) != ON_GPU
+
+
+def test_bench_plot_and_bad_kernel(capsys, tmp_path):
+    assert cli.main(["bench", "--smoke", "--kernels", "nope"]) == 2
+    assert "--kernels" in capsys.readouterr().err
+    png = tmp_path / "b.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert cli.main(["bench", "--smoke", "--kernels", "mla", "--plot", str(png)]) == 2
+        assert "needs matplotlib" in capsys.readouterr().err and not png.exists()
+    else:
+        assert cli.main(["bench", "--smoke", "--kernels", "mla", "--plot", str(png)]) == 0
+        assert png.stat().st_size > 1000
+
+
+def test_run_checkpoint(capsys, tmp_path):
+    """`dsa run --model DIR` serves a checkpoint (here the tiny one, with MoE layers)."""
+    from dsa.model import make_tiny_model
+
+    d = make_tiny_model(str(tmp_path / "tiny"), seed=0)
+    rep = _run(capsys, "--model", d, "--backend", "reference", "--kv-format", "fp8_ds_mla", "--chunk", "16")
+    assert rep["model"]["source"] == d and rep["model"]["layers"] == 3 and rep["model"]["vocab"] == 512
+    assert [r["status"] for r in rep["requests"]] == ["finished"] * 3
+    assert rep["engine"]["cuda_graph"] == "off"

@@ -1,0 +1,257 @@
+"""Decode steps as CUDA graphs: captured once per batch-size bucket, then replayed.
+
+A pure-decode step of ``B`` requests runs as the graph of the smallest bucket ``>= B``; the
+``bucket - B`` padding rows are decodes of context 1 whose only key lives in a scratch block
+that no request owns (the block manager keeps it out of circulation), so they can never touch
+a request's cache. Every shape inside the graph is fixed per bucket:
+
+* the block tables are padded to ``max_blocks = ceil(max_model_len / block_size)`` columns;
+* the decode indexer logits are ``max_blocks * block_size`` wide (``max_decode_context_len`` is
+  fixed; each row is limited by its device-side context length);
+* the step metadata lives in static tensors that each replay overwrites: with the fp8 indexer they
+  are views of one packed int32 and one int64 buffer, written by two host-to-device copies (the
+  values of :func:`~dsa.model.build_step_metadata` on the padded step, built here directly);
+  with the bf16 indexer the padded metadata is built and copied field by field.
+
+MoE layers run :func:`static_experts_forward` inside the graph (the eager expert loop syncs).
+
+``capture=False`` runs the very same padded, fixed-shape step eagerly: this is how the CPU tests
+check the padding, the static metadata and the static MoE.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..model.metadata import RequestSpec, StepMetadata, build_step_metadata
+
+
+def default_buckets(max_num_seqs: int) -> list:
+    out, b = [], 1
+    while b < max_num_seqs:
+        out.append(b)
+        b *= 2
+    out.append(max_num_seqs)
+    return sorted(set(out))
+
+
+def graph_unsupported_reason(model) -> str | None:
+    """Why the model's decode forward cannot be captured, or None (MoE layers are captured with
+    :func:`static_experts_forward` in place of their host-synchronising expert loop)."""
+    return None
+
+
+def static_experts_forward(experts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The routed experts of :class:`dsa.model.model.Experts` without a host sync (capturable).
+
+    The eager forward loops on the host over the experts in use (``torch.unique(...).tolist()``).
+    Here each token's ``top_k`` slots are sorted by expert id and, slot by slot, every token's
+    expert matrices are gathered (``[T, 2I, H]``) and applied as batched mat-vecs; the results are
+    added into the bf16 output in ascending expert order, each rounded as the eager path rounds
+    (bf16 projections, fp32 routing weight, bf16 accumulation). Only the fp32 summation order
+    inside a projection differs from the eager GEMM. Memory: ``T`` expert matrices per slot, so
+    meant for decode batches.
+    """
+    import torch.nn.functional as F
+
+    order = idx.argsort(dim=1)
+    idx_s, w_s = idx.gather(1, order), w.gather(1, order)
+    out = torch.zeros_like(x)
+    for k in range(idx.shape[1]):
+        e = idx_s[:, k]
+        gate, up = torch.bmm(experts.gate_up_proj[e], x[:, :, None])[..., 0].chunk(2, dim=-1)
+        y = torch.bmm(experts.down_proj[e], (F.silu(gate) * up)[:, :, None])[..., 0] * w_s[:, k, None]
+        out += y.to(out.dtype)
+    return out
+
+
+class _StaticExperts:
+    """Swap every MoE layer's expert loop for :func:`static_experts_forward` while entered."""
+
+    def __init__(self, model):
+        self.experts = [layer.mlp.experts for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+
+    def __enter__(self):
+        import types
+
+        for ex in self.experts:
+            ex.forward = types.MethodType(static_experts_forward, ex)
+        return self
+
+    def __exit__(self, *exc):
+        for ex in self.experts:
+            del ex.forward  # back to the class's forward
+        return False
+
+
+class DecodeGraphRunner:
+    def __init__(self, model, cache, *, max_model_len: int, buckets: list, pad_block: int, capture: bool = True,
+                 max_logits_bytes: int = 512 << 20):
+        self.model, self.cache = model, cache
+        self.bs = cache.block_size
+        self.max_blocks = -(-max_model_len // self.bs)
+        self.max_ctx = self.max_blocks * self.bs
+        self.buckets = sorted(buckets)
+        self.pad_block = pad_block
+        self.capture = capture
+        self.max_logits_bytes = max_logits_bytes
+        self.device = model.lm_head.weight.device
+        self._graphs: dict = {}  # bucket -> (graph or None, static ids, static md, static logits)
+        self._host: dict = {}  # bucket -> (host int32, host int64, device int32, device int64) packed metadata
+        self._copied: dict = {}  # bucket -> CUDA event after the last host-to-device copy of the packed metadata
+        self._pool = None
+        self.num_captures = 0
+        self.num_replays = 0
+        self.num_padded_steps = 0  # steps whose batch was padded up to its bucket
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"decode batch {n} exceeds the largest bucket {self.buckets[-1]}")
+
+    # -- fixed-shape metadata -------------------------------------------------------
+    def _metadata(self, specs: list) -> StepMetadata:
+        m = self.model
+        num_slots = self.cache.num_slots if m.indexer_dtype == "bf16" else None
+        md = build_step_metadata(specs, block_size=self.bs, index_topk=m.config.index_topk, device=self.device,
+                                 max_logits_bytes=self.max_logits_bytes, num_slots=num_slots, backend=m.backend)
+        if md.num_prefills or md.order != list(range(len(specs))):
+            raise RuntimeError("DecodeGraphRunner: expected a pure decode step")
+        R = md.num_reqs
+        bt = torch.full((R, self.max_blocks), -1, dtype=torch.int32, device=self.device)
+        bt[:, : md.block_table.shape[1]] = md.block_table
+        md = dataclasses.replace(md, block_table=bt, decode_block_table=bt[: md.num_decodes],
+                                 prefill_block_table=bt[md.num_decodes:], max_decode_context_len=self.max_ctx)
+        if num_slots is not None:
+            dks = torch.full((md.num_decodes, self.max_ctx), num_slots, dtype=torch.int64, device=self.device)
+            dks[:, : md.decode_key_slots.shape[1]] = md.decode_key_slots
+            md.decode_key_slots = dks
+        return md
+
+    # -- the fast path (fp8 indexer): the whole static metadata in two packed buffers -------------
+    def _packed(self, bucket: int) -> StepMetadata:
+        """A static :class:`StepMetadata` of ``bucket`` decodes whose tensors are views of one int32
+        and one int64 device buffer (refreshed by two host-to-device copies per step)."""
+        B, MB, dev = bucket, self.max_blocks, self.device
+        n32 = (B + 1) + B + B * MB + B + B + 1
+        i32 = torch.zeros(n32, dtype=torch.int32, device=dev)
+        i64 = torch.zeros(3 * B, dtype=torch.int64, device=dev)
+        cuts = [B + 1, B, B * MB, B, B, 1]
+        qsl, seq, bt, req, sps, pcu = torch.split(i32, cuts)
+        bt = bt.view(B, MB)
+        last, pos, slots = torch.split(i64, [B, B, B])
+        m = self.model
+        md = StepMetadata(
+            block_size=self.bs, index_topk=m.config.index_topk, next_n=1, order=list(range(B)), num_reqs=B,
+            num_tokens=B, num_decodes=B, num_decode_tokens=B, num_prefills=0, num_prefill_tokens=0,
+            query_start_loc=qsl, seq_lens=seq, block_table=bt, last_token_index=last, positions=pos,
+            slot_mapping=slots, req_id=req, sparse_seqlens=sps, decode_context_lens=seq, decode_block_table=bt,
+            max_decode_context_len=self.max_ctx, prefill_cu_seq_lens=pcu, prefill_block_table=bt[B:],
+            num_prefill_keys=0, prefill_chunks=[])
+        pin = dev.type == "cuda"
+        self._host[B] = (torch.empty(n32, dtype=torch.int32, pin_memory=pin),
+                         torch.empty(3 * B, dtype=torch.int64, pin_memory=pin), i32, i64)
+        return md
+
+    def _fill_packed(self, specs: list, bucket: int) -> None:
+        """Write the padded decode metadata of ``specs`` into the packed buffers of ``bucket``
+        (the same values as :func:`build_step_metadata` on the padded specs, see the tests)."""
+        h32, h64, i32, i64 = self._host[bucket]
+        B, MB, bs, K = bucket, self.max_blocks, self.bs, self.model.config.index_topk
+        lens = [sp.num_computed + sp.num_new for sp in specs] + [1] * (B - len(specs))
+        blocks = [list(sp.block_ids) for sp in specs] + [[self.pad_block]] * (B - len(specs))
+        bt = []
+        for b in blocks:
+            if len(b) > MB:
+                raise ValueError(f"DecodeGraphRunner: a request holds {len(b)} blocks, the graphs were built for "
+                                 f"{MB} (max_model_len)")
+            bt += b + [-1] * (MB - len(b))
+        slots = [blocks[j][(L - 1) // bs] * bs + (L - 1) % bs for j, L in enumerate(lens)]
+        a32 = list(range(B + 1)) + lens + bt + list(range(B)) + [min(L, K) for L in lens] + [0]
+        a64 = list(range(B)) + [L - 1 for L in lens] + slots
+        evt = self._copied.get(bucket)
+        if evt is not None:
+            evt.synchronize()  # the previous copy out of the host buffers is done (normally long ago)
+        h32.copy_(torch.tensor(a32, dtype=torch.int32))
+        h64.copy_(torch.tensor(a64, dtype=torch.int64))
+        i32.copy_(h32, non_blocking=True)
+        i64.copy_(h64, non_blocking=True)
+        if self.device.type == "cuda":
+            evt = self._copied.setdefault(bucket, torch.cuda.Event())
+            evt.record()
+
+    @property
+    def fast(self) -> bool:
+        return self.model.indexer_dtype != "bf16"  # the bf16 indexer needs its per-key slot lists
+
+    def _padded_specs(self, specs: list, bucket: int) -> list:
+        return list(specs) + [RequestSpec(0, 1, [self.pad_block]) for _ in range(bucket - len(specs))]
+
+    @staticmethod
+    def _copy_md(dst: StepMetadata, src: StepMetadata) -> None:
+        for f in dataclasses.fields(StepMetadata):
+            a, b = getattr(dst, f.name), getattr(src, f.name)
+            if isinstance(a, torch.Tensor):
+                if a.shape != b.shape:
+                    raise RuntimeError(f"DecodeGraphRunner: static {f.name} {tuple(a.shape)} != {tuple(b.shape)}")
+                a.copy_(b)
+            elif f.name not in ("order", "prefill_chunks") and a != b:
+                raise RuntimeError(f"DecodeGraphRunner: static {f.name} {a!r} != {b!r}")
+
+    def _forward(self, ids, md):
+        with _StaticExperts(self.model):
+            hidden = self.model(ids, md, self.cache)
+        return self.model.logits(hidden[md.last_token_index])
+
+    def _get(self, bucket: int):
+        if bucket in self._graphs:
+            return self._graphs[bucket]
+        if self.fast:
+            md = self._packed(bucket)
+            self._fill_packed([], bucket)  # all rows: padding (touch the scratch block only)
+        else:
+            md = self._metadata(self._padded_specs([], bucket))
+        ids = torch.zeros(bucket, dtype=torch.long, device=self.device)
+        graph, logits = None, None
+        if self.capture:
+            s = torch.cuda.Stream(self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                for _ in range(2):  # compile / warm up every kernel outside the capture
+                    self._forward(ids, md)
+            torch.cuda.current_stream(self.device).wait_stream(s)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self._forward(ids, md)
+            self.num_captures += 1
+        self._graphs[bucket] = (graph, ids, md, logits)
+        return self._graphs[bucket]
+
+    # -- a step ---------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, specs: list, token_ids: list) -> torch.Tensor:
+        """Decode ``specs`` (each ``num_new == 1``, in this order) fed ``token_ids``: fp32 logits ``[B, V]``."""
+        B = len(specs)
+        bucket = self.bucket_for(B)
+        self.num_padded_steps += bucket > B
+        graph, ids, md_s, logits = self._get(bucket)
+        if self.fast:
+            self._fill_packed(specs, bucket)
+        else:
+            self._copy_md(md_s, self._metadata(self._padded_specs(specs, bucket)))
+        ids.copy_(torch.tensor(list(token_ids) + [0] * (bucket - B), dtype=torch.long), non_blocking=False)
+        if graph is None:
+            logits = self._forward(ids, md_s)
+        else:
+            graph.replay()
+            self.num_replays += 1
+        return logits[:B]
