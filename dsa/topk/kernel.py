@@ -304,7 +304,7 @@ def _write_iota(out_row, length, k, KP: tl.constexpr):
 # ----------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["k", "M"])
+@triton.jit(do_not_specialize=["k", "M", "N", "stride_xm"])
 def _topk_fused_kernel(
     x_ptr, stride_xm, M, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, k,
     out_ptr, stride_om, buf_ptr,
@@ -318,7 +318,7 @@ def _topk_fused_kernel(
     while row < M:
         s, e = _row_range(row, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, MODE)
         length = e - s
-        x_row = x_ptr + row.to(tl.int64) * stride_xm
+        x_row = x_ptr + row.to(tl.int64) * ((stride_xm // ALIGN) * ALIGN)  # == stride_xm (host checks stride % ALIGN == 0); tells the compiler it is a multiple of ALIGN
         out_row = out_ptr + row.to(tl.int64) * stride_om
         if length <= k:
             _write_iota(out_row, length, k, KP)
@@ -337,7 +337,7 @@ def _topk_fused_kernel(
         row += nprog
 
 
-@triton.jit(do_not_specialize=["k"])
+@triton.jit(do_not_specialize=["k", "N", "stride_xm"])
 def _topk_split_kernel(
     x_ptr, stride_xm, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, k,
     buf_ptr, cnt_ptr,
@@ -349,7 +349,7 @@ def _topk_split_kernel(
     s, e = _row_range(row, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, MODE)
     length = e - s
     if length > k:
-        x_row = x_ptr + row.to(tl.int64) * stride_xm
+        x_row = x_ptr + row.to(tl.int64) * ((stride_xm // ALIGN) * ALIGN)  # == stride_xm (host checks stride % ALIGN == 0); tells the compiler it is a multiple of ALIGN
         buf = buf_ptr + (row.to(tl.int64) * SPLITS + sp) * CAP
         chunk = (tl.cdiv(length, SPLITS) + 63) // 64 * 64
         a = tl.minimum(s + sp * chunk, e)
@@ -362,7 +362,7 @@ def _topk_split_kernel(
         tl.store(cnt_ptr + row * SPLITS + sp, n)
 
 
-@triton.jit(do_not_specialize=["k"])
+@triton.jit(do_not_specialize=["k", "N", "stride_xm"])
 def _topk_merge_kernel(
     x_ptr, stride_xm, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, k,
     out_ptr, stride_om, buf_ptr, cnt_ptr,
@@ -391,7 +391,7 @@ def _topk_merge_kernel(
                 base_gt, base_eq = _emit(region0 + q * CAP, tl.load(cnt_ptr + row * SPLITS + q),
                                          thr, need, base_gt, base_eq, out_row, False, CH, E)
         else:  # the sampled bound was too high (rare): this row alone, unbounded
-            x_row = x_ptr + row.to(tl.int64) * stride_xm
+            x_row = x_ptr + row.to(tl.int64) * ((stride_xm // ALIGN) * ALIGN)  # == stride_xm (host checks stride % ALIGN == 0); tells the compiler it is a multiple of ALIGN
             n = _stream(x_row, s, e, s, tl.full([], float("-inf"), tl.float32), tl.full([], 1, tl.int32),
                         region0, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH)
             _compact(region0, n, k, out_row, CAP, False, CH, E)
