@@ -15,6 +15,12 @@ import dsa  # noqa: E402,F401  (applies the interpreter fixes)
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 
+# Under pytest-xdist every worker would start one torch thread per core: share the cores
+# instead (N workers x all cores oversubscribes the CPU and slows CPU-bound tests many times).
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 def pytest_collection_modifyitems(config, items):
     if ON_GPU:
