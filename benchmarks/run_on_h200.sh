@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call that checks and measures everything (about 8-9 minutes on an H200):
+#   1. the whole test suite with the GPU shapes (pytest-xdist and hypothesis carried as wheels
+#      in .whl/ when the machine lacks them; see the device tool's README),
+#   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode),
+#   3. the same workload on the PyTorch reference backend (shorter decode: the report's
+#      per-step numbers are what compare),
+#   4. `dsa bench` at the goal shapes, with a plot.
+# Logs go to $OUT (or ./out); the last lines printed are the summaries.
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+N=${WORKERS:-8}
+timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
+  > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
+timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
+timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 > "$OUT/run_reference.txt" 2>&1
+echo "run rc=$?" >> "$OUT/run_reference.txt"
+timeout 150 python3 -m dsa bench --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
+echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
+echo "== dsa run";   cat "$OUT/run_triton.txt"
+echo "== reference"; tail -25 "$OUT/run_reference.txt"
+echo "== bench";     tail -40 "$OUT/bench.txt"
