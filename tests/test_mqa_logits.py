@@ -15,7 +15,9 @@ import math
 
 import pytest
 import torch
+from utils import DEVICE, ON_GPU, gen, poison_, random_block_table
 
+from dsa.bench import INDEXER_DECODE_SWEEP, INDEXER_PREFILL_SWEEP
 from dsa.layouts import indexer_cache_views
 from dsa.mqa_logits import (
     fp8_mqa_logits,
@@ -25,7 +27,6 @@ from dsa.mqa_logits import (
     split_prefill_chunks,
 )
 from dsa.mqa_logits import kernel as K
-from utils import DEVICE, ON_GPU, gen, poison_, random_block_table
 
 FP8 = torch.float8_e4m3fn
 D = 128
@@ -492,19 +493,9 @@ def test_gpu_paged_large(bs, next_n, two_d):
     assert torch.equal(out, fp8_paged_mqa_logits(q, cache, w, ctx, bt, max_len))
 
 
-GPU_PREFILL_CONFIGS = [
-    dict(BLOCK_Q=4, BLOCK_N=64, SPAN=8192, num_warps=4, num_stages=3),
-    dict(BLOCK_Q=4, BLOCK_N=64, SPAN=4096, num_warps=4, num_stages=4),
-    dict(BLOCK_Q=2, BLOCK_N=128, SPAN=8192, num_warps=8, num_stages=2),
-]
-GPU_PAGED_CONFIGS = [
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=True),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=4, PREFETCH=True),
-    dict(BLOCK_N=128, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=True),
-    dict(BLOCK_N=128, SPAN=2048, num_warps=8, num_stages=3, PREFETCH=True),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=8, num_stages=3, PREFETCH=True),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=False),
-]
+# every launch configuration the benchmark's sweep may pick (one list, in dsa.bench), plus one more shape of tile
+GPU_PREFILL_CONFIGS = INDEXER_PREFILL_SWEEP + [dict(BLOCK_Q=2, BLOCK_N=128, SPAN=8192, num_warps=8, num_stages=2)]
+GPU_PAGED_CONFIGS = INDEXER_DECODE_SWEEP
 
 
 @pytest.mark.gpu
