@@ -291,6 +291,26 @@ def test_strided_logits_and_defaults(device):
     assert torch.equal(out2.cpu(), ref)
 
 
+@pytest.mark.parametrize("cfg", ["default", "small", "split2"])
+def test_padded_row_stride(cfg, device):
+    """Width not a multiple of 4 inside a row stride padded to one (how the indexer-logits functions
+    allocate): the 16-byte-load variant runs, and the padding (NaN and +inf here) is never chosen."""
+    from dsa.topk.kernel import _alignment
+
+    g = gen(42)
+    M, N, k = 6, 1001, 50
+    buf = torch.randn(M, 1004, generator=g)
+    buf[:, N:] = float("nan")
+    buf[::2, N:] = float("inf")
+    x = buf.to(device)[:, :N]
+    assert _alignment(x) == 4
+    assert _alignment(torch.randn(M, N, device=device)) == 1  # last row ends mid-vector
+    starts, ends = ragged_rows(M, N, g)
+    ends[2] = N  # rows that end at the width: the loads cover the padding
+    out = run(x, k, starts, ends, device, CONFIGS[cfg])
+    assert torch.equal(out, top_k_indices_ref(x.cpu().contiguous(), k, starts, ends))
+
+
 def test_clamped_ranges(device):
     x = torch.randn(3, 500, generator=gen(41))
     starts = torch.tensor([-20, 400, 300], dtype=torch.int32)

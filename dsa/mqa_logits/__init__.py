@@ -50,6 +50,13 @@ def _check_bool(name: str, v) -> bool:
     return v
 
 
+def _empty_logits(rows: int, cols: int, device) -> torch.Tensor:
+    """``[rows, cols]`` float32 whose row stride is ``cols`` rounded up to a multiple of 4 (a view):
+    every row starts 16-byte aligned, so the top-k reads it with 16-byte loads whatever ``cols`` is
+    (and compiles one variant for all widths)."""
+    return torch.empty(rows, (cols + 3) // 4 * 4, dtype=torch.float32, device=device)[:, :cols]
+
+
 def _check_out(out, shape, device):
     if out is None:
         return None
@@ -83,7 +90,8 @@ def fp8_mqa_logits(
         backend: ``None | "auto" | "triton" | "reference"`` (see ``dsa.backend``).
 
     Returns:
-        ``[M, N]`` float32 logits. No host-device synchronisation; CUDA-graph safe.
+        ``[M, N]`` float32 logits (allocated here: a view with the row stride padded to a multiple of
+        4, i.e. 16-byte aligned rows). No host-device synchronisation; CUDA-graph safe.
         The kernel skips key tiles outside ``[min ks, max ke)`` of each group of rows, so the cost
         follows the ranges, but the output is always ``[M, N]``: use :func:`split_prefill_chunks`
         to bound its memory.
@@ -116,7 +124,7 @@ def fp8_mqa_logits(
     from .kernel import fp8_mqa_logits_triton
 
     if out is None:
-        out = torch.empty(M, N, dtype=torch.float32, device=device)
+        out = _empty_logits(M, N, device)
     return fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, out)
 
 
@@ -152,7 +160,8 @@ def fp8_paged_mqa_logits(
         backend: ``None | "auto" | "triton" | "reference"``.
 
     Returns:
-        ``[B*next_n, max_context_len]`` float32. No host-device synchronisation; CUDA-graph safe.
+        ``[B*next_n, max_context_len]`` float32 (allocated here: row stride padded to a multiple of 4).
+        No host-device synchronisation; CUDA-graph safe.
         Cache slots beyond a request's context are never read (they may hold NaN). A block-table entry
         outside ``[0, num_blocks)`` that a row needs is invalid input: the kernel reads nothing for it.
     """
@@ -184,7 +193,7 @@ def fp8_paged_mqa_logits(
     from .kernel import fp8_paged_mqa_logits_triton
 
     if out is None:
-        out = torch.empty(B * next_n, max_context_len, dtype=torch.float32, device=device)
+        out = _empty_logits(B * next_n, max_context_len, device)
     return fp8_paged_mqa_logits_triton(q, blocks, weights, context_lens, block_table, max_context_len,
                                        clean_logits, out)
 

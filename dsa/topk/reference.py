@@ -41,23 +41,6 @@ def order_keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > float("-inf"), key, torch.zeros_like(key))
 
 
-def _top_k_row(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Canonical top-k positions (ascending) of one 1-D fp32 segment, padded with -1 to k."""
-    n = values.numel()
-    out = torch.full((k,), -1, dtype=torch.int32)
-    if n <= k:
-        out[:n] = torch.arange(n, dtype=torch.int32)
-        return out
-    key = order_keys(values)
-    pos = torch.arange(n, dtype=torch.int64)
-    # one unique int64 per entry: larger key first, then lower position first
-    # (key < 2**32 and pos < 2**31, so key * 2**31 + (2**31 - 1 - pos) < 2**63)
-    composite = key * (1 << 31) + ((1 << 31) - 1 - pos)
-    chosen = torch.topk(composite, k).indices
-    out[:] = torch.sort(chosen).values.to(torch.int32)
-    return out
-
-
 def top_k_indices_ref(
     logits: torch.Tensor, k: int, row_starts: torch.Tensor, row_ends: torch.Tensor
 ) -> torch.Tensor:
@@ -70,18 +53,33 @@ def top_k_indices_ref(
 
     Returns:
         ``[M, k]`` int32 on ``logits.device``: the canonical top-k positions of each row,
-        relative to the row start, ascending, then ``-1``.
+        relative to the row start, ascending, then ``-1``. Runs on ``logits.device`` (whole rows
+        at a time, in chunks of rows that bound the int64 temporaries to about 1 GiB).
     """
     M, N = logits.shape
-    x = logits.detach().float().cpu()
-    starts = row_starts.detach().cpu().to(torch.int64)
-    ends = row_ends.detach().cpu().to(torch.int64)
-    out = torch.empty((M, k), dtype=torch.int32)
-    for i in range(M):
-        s = min(max(int(starts[i]), 0), N)
-        e = min(max(int(ends[i]), s), N)
-        out[i] = _top_k_row(x[i, s:e], k)
-    return out.to(logits.device)
+    dev = logits.device
+    out = torch.full((M, k), -1, dtype=torch.int32, device=dev)
+    if M == 0 or N == 0:
+        return out
+    starts = row_starts.detach().to(dev, torch.int64).clamp(0, N)
+    ends = torch.maximum(row_ends.detach().to(dev, torch.int64).clamp(max=N), starts)
+    pos = torch.arange(N, dtype=torch.int64, device=dev)
+    kk = min(k, N)
+    rows = max(1, (1 << 27) // N)
+    for r0 in range(0, M, rows):
+        r1 = min(M, r0 + rows)
+        s, e = starts[r0:r1, None], ends[r0:r1, None]
+        rel = pos[None, :] - s  # position relative to the row start
+        # one unique int64 per entry: larger key first, then lower position first (key < 2**32 and
+        # rel < 2**31, so key * 2**31 + (2**31 - 1 - rel) < 2**63); entries outside the range get -1,
+        # below every entry inside it, so a range of length <= k returns all of its positions
+        composite = order_keys(logits[r0:r1].detach().float()) * (1 << 31) + ((1 << 31) - 1 - rel)
+        composite = torch.where((pos[None, :] >= s) & (pos[None, :] < e), composite, -1)
+        top = torch.topk(composite, kk, dim=1)
+        chosen = torch.where(top.values >= 0, top.indices - s, N)  # N: "no entry", sorts last
+        chosen = torch.sort(chosen, dim=1).values
+        out[r0:r1, :kk] = torch.where(chosen < N, chosen, -1).to(torch.int32)
+    return out
 
 
 def decode_row_ranges(seq_lens: torch.Tensor, next_n: int) -> tuple[torch.Tensor, torch.Tensor]:
