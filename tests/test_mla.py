@@ -297,6 +297,11 @@ def test_choose_num_splits():
     assert choose_num_splits(256, 2, 2048, 132, 64) == 1  # decode batch 128 x s_q 2
     assert choose_num_splits(2, 2, 2048, 132, 64) > 1  # few tokens: split the index list
     assert choose_num_splits(1, 1, 64, 132, 64) == 1  # a single tile cannot be split
+    # small head counts (one head group per token): about 2 (4 with 16-row tiles) programs per SM
+    assert choose_num_splits(64, 1, 2048, 132, 64) == 4
+    assert choose_num_splits(64, 1, 2048, 132, 16) == 8
+    assert choose_num_splits(128, 1, 2048, 132, 32) == 2
+    assert choose_num_splits(1, 1, 2048, 132, 64) == 16  # capped: chunks of at least two tiles
 
 
 # ----------------------------------------------------------------------------------------------

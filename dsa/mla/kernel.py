@@ -43,13 +43,27 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
                 GROUP: tl.constexpr, IS_FP8: tl.constexpr):
-    """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]``."""
+    """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]`` and, for
+    fp8_ds_mla, their group scale ``[BLOCK_N]`` f32 (None for a bf16 cache).
+
+    The fp8 values are converted to bf16 unscaled (exact: e4m3 fits in bf16); the scale, a power of
+    two, is applied to the dot results instead (``_scale_cols``), which is exact as well and costs
+    ``BLOCK_H x BLOCK_N`` multiplies per group instead of ``BLOCK_N x GROUP``.
+    """
     offs = g * GROUP + tl.arange(0, GROUP)
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
         sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
-        k = (k.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
-    return k
+        return k.to(tl.bfloat16), sc
+    return k, None
+
+
+@triton.jit
+def _scale_cols(x, sc, IS_FP8: tl.constexpr):
+    """``x [BLOCK_H, BLOCK_N] * sc[None, :]`` for fp8_ds_mla (group scales), ``x`` for bf16."""
+    if IS_FP8:
+        return x * sc[None, :]
+    return x
 
 
 # sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
@@ -112,16 +126,22 @@ def _sparse_mla_fwd_kernel(
         rows = tl.where(valid, idx, 0).to(tl.int64)
         # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
         kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-        k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
-        k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
-        k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
-        k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
-        # QK^T as five chained dots: 64 rope + 4 x 128 nope
+        k0, c0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
+        k1, c1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
+        k2, c2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
+        k3, c3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
+        # QK^T: 64 rope + 4 x 128 nope (fp8: one dot per scale group, scaled after the dot)
         s = tl.dot(qr, tl.trans(kr))
-        s = tl.dot(q0, tl.trans(k0), s)
-        s = tl.dot(q1, tl.trans(k1), s)
-        s = tl.dot(q2, tl.trans(k2), s)
-        s = tl.dot(q3, tl.trans(k3), s)
+        if IS_FP8:
+            s += _scale_cols(tl.dot(q0, tl.trans(k0)), c0, IS_FP8)
+            s += _scale_cols(tl.dot(q1, tl.trans(k1)), c1, IS_FP8)
+            s += _scale_cols(tl.dot(q2, tl.trans(k2)), c2, IS_FP8)
+            s += _scale_cols(tl.dot(q3, tl.trans(k3)), c3, IS_FP8)
+        else:
+            s = tl.dot(q0, tl.trans(k0), s)
+            s = tl.dot(q1, tl.trans(k1), s)
+            s = tl.dot(q2, tl.trans(k2), s)
+            s = tl.dot(q3, tl.trans(k3), s)
         s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -130,11 +150,12 @@ def _sparse_mla_fwd_kernel(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        pb = p.to(tl.bfloat16)
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+        # P.V per 128 output columns; fp8: the row's group scale folded into P (a power of two:
+        # round(p * sc) == round(p) * sc, so this equals P times the dequantised rows)
+        acc0 = tl.dot(_scale_cols(p, c0, IS_FP8).to(tl.bfloat16), k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(_scale_cols(p, c1, IS_FP8).to(tl.bfloat16), k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(_scale_cols(p, c2, IS_FP8).to(tl.bfloat16), k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(_scale_cols(p, c3, IS_FP8).to(tl.bfloat16), k3, acc3 * alpha[:, None])
 
     empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
     if SPLIT:
@@ -226,28 +247,34 @@ _MAX_SPLITS = 64
 
 
 def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n: int) -> int:
-    """Split-K factor: 1 when ``T * head_groups`` programs fill the GPU, else enough chunks of the
-    index list (each at least two tiles of ``block_n`` rows) for about two programs per SM."""
+    """Split-K factor: the largest power of two that keeps ``T * head_groups * splits`` within
+    ``programs_per_sm(block_n) * num_sms`` programs (1 when the tiles alone reach it), each chunk at
+    least two tiles of ``block_n`` rows, at most 64. Small tiles want more programs per SM (they use
+    less shared memory, so more fit, and each has less memory in flight)."""
     tiles = T * head_groups
-    if tiles >= num_sms:
-        return 1
+    target = num_sms * (4 if block_n <= 16 else 2)
+    want = max(1, target // max(tiles, 1))
+    want = 1 << (want.bit_length() - 1)
     k_tiles = triton.cdiv(topk, block_n)
-    return max(1, min(triton.cdiv(2 * num_sms, tiles), k_tiles // 2, _MAX_SPLITS))
+    return max(1, min(want, k_tiles // 2, _MAX_SPLITS))
 
 
 def default_config(h_q: int, is_fp8: bool) -> dict:
     """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages.
 
-    Chosen from the sweep of benchmarks/bench_sparse_mla.py on an H200 (2026-11-29). Shared memory
-    (sm_90, compiler report): BLOCK_H 64 / BLOCK_N 64 / bf16 / 3 stages holds q (72 KiB) and two
-    tiles of 64 gathered rows (2 x 72 KiB): 217 KiB of the 227 KiB.
+    Chosen from sweeps on an H200 (benchmarks/sweep.py; BENCHMARKS.md has the numbers). Shared
+    memory (sm_90, compiler report): BLOCK_H 64 / BLOCK_N 64 / bf16 / 3 stages holds q (72 KiB) and
+    two tiles of 64 gathered rows (2 x 72 KiB): 217 KiB of the 227 KiB. Small head groups stream
+    more, smaller programs per SM (see :func:`choose_num_splits`).
     """
     bh = block_h_for(h_q)
     if bh == 64:
         return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3)
-    if bh == 32:
-        return dict(block_h=32, block_n=64, num_warps=8, num_stages=2)
-    return dict(block_h=16, block_n=64, num_warps=4, num_stages=2)
+    if is_fp8:
+        if bh == 32:
+            return dict(block_h=32, block_n=32, num_warps=4, num_stages=2)
+        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2)
+    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3)
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
