@@ -5,7 +5,7 @@
 #   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode),
 #   3. the same workload on the PyTorch reference backend (shorter decode: the report's
 #      per-step numbers are what compare),
-#   4. `dsa bench` at the goal shapes, with a plot.
+#   4. `dsa bench` at the goal shapes, with a plot (BENCH_ARGS picks a subset, e.g. "--kernels topk").
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
@@ -22,7 +22,7 @@ timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p
 timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
 timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 > "$OUT/run_reference.txt" 2>&1
 echo "run rc=$?" >> "$OUT/run_reference.txt"
-timeout 150 python3 -m dsa bench --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
+timeout 150 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
 echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
 echo "== dsa run";   cat "$OUT/run_triton.txt"
 echo "== reference"; tail -25 "$OUT/run_reference.txt"

@@ -52,7 +52,7 @@ def cmd_run(args) -> int:
     try:
         rep = pipeline.run(wl, dev, backend=args.backend, model_dir=args.model, check=args.check,
                            progress=not args.json and not args.no_progress, profile=not args.no_stages,
-                           cuda_graph=graph)
+                           cuda_graph=graph, warmup={"auto": None, "on": True, "off": False}[args.warmup])
     except (ValueError, FileNotFoundError) as e:
         print(f"dsa run: {e}", file=sys.stderr)
         return 2
@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--chunk", type=int, default=None, help="largest prefill chunk of one request")
     r.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"], help="decode steps as CUDA graphs")
     r.add_argument("--no-stages", action="store_true", help="no per-stage timing")
+    r.add_argument("--warmup", default="auto", choices=["auto", "on", "off"],
+                   help="run the shortest and longest prompt first, untimed (auto: on a GPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--check", action="store_true", help="re-run sampled steps on the PyTorch reference backend")

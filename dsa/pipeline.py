@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -113,6 +113,7 @@ class Report:
     peak_memory_bytes: int = 0
     peak_memory_kind: str = ""
     check: dict | None = None
+    warmup_seconds: float | None = None  # None: no warm-up run
 
 
 def _pct(xs: list) -> dict:
@@ -149,8 +150,33 @@ class _Progress:
             self.out.flush()
 
 
+def warm_up(model, ecfg: EngineConfig, prompts: list, device: torch.device) -> float:
+    """Run the shortest and the longest prompt through a throwaway engine (no CUDA graphs, no
+    profiling) so that the timed run measures the kernels, not Triton compiling them. Triton
+    compiles each kernel variant once per process; the variants follow the step's shape class, so
+    this covers prefill steps, mixed steps and eager decode steps at a short and a long context
+    (the shortest prompt decodes alone, then the longest arrives). Returns the seconds it took."""
+    t = time.perf_counter()
+    lo, hi = min(prompts, key=len), max(prompts, key=len)
+    bs = ecfg.block_size
+    blocks = sum(-(-(len(p) + 4) // bs) for p in (lo, hi)) + 4
+    eng = Engine(model, replace(ecfg, num_blocks=blocks, cuda_graph="off", profile=False, check=False))
+    eng.add_request(lo, 3, arrival_step=0)
+    if hi is not lo:
+        eng.add_request(hi, 2, arrival_step=-(-len(lo) // ecfg.max_num_batched_tokens) + 1)
+    eng.run()
+    del eng
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    return time.perf_counter() - t
+
+
 def run(wl: Workload, device: torch.device, backend: str | None = None, *, model_dir: str | None = None,
-        check: bool = False, progress: bool = True, profile: bool = True, cuda_graph: str = "auto") -> Report:
+        check: bool = False, progress: bool = True, profile: bool = True, cuda_graph: str = "auto",
+        warmup: bool | None = None) -> Report:
+    """Run ``wl`` through the engine and return its :class:`Report`. ``warmup`` (default: on a GPU)
+    first runs :func:`warm_up` (untimed: its seconds are reported apart)."""
     device = torch.device(device)
     if model_dir is not None:
         from .model.loader import load_model
@@ -172,6 +198,9 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
                         max_num_seqs=wl.max_num_seqs, max_prefill_chunk=wl.max_prefill_chunk,
                         max_model_len=max_len, cuda_graph=cuda_graph, profile=profile, check=check,
                         ignore_eos=True, check_max_tokens=1 << 30)
+    warm_s = None
+    if warmup if warmup is not None else device.type == "cuda":
+        warm_s = warm_up(model, ecfg, prompts, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -205,7 +234,7 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
                     graph_captures=eng.graph.num_captures if eng.graph else 0,
                     graph_replays=eng.graph.num_replays if eng.graph else 0,
                     steps=len(eng.steps), blocks_all_returned=eng.blocks.all_free()),
-        wall_seconds=wall,
+        wall_seconds=wall, warmup_seconds=warm_s,
     )
     for r in reqs:
         rep.requests.append(dict(id=r.rid, prompt_len=len(r.prompt), arrival_step=r.arrival_step, status=r.status,
@@ -255,6 +284,9 @@ def format_report(rep: Report) -> str:
         + (f" (buckets {e['graph_buckets']}, {e['graph_captures']} captured, {e['graph_replays']} replays)"
            if e["graph_buckets"] else "")
         + (f" [{e['cuda_graph_note']}]" if e["cuda_graph_note"] else ""),
+        "warm-up: " + (f"{rep.warmup_seconds:.1f} s before the timed run (shortest and longest prompt: Triton "
+                       "compiles the kernels there)" if rep.warmup_seconds is not None else "none (times include "
+                       "Triton's compilation of every kernel variant)"),
         "",
         f"{'request':>8} {'prompt':>8} {'arrival':>8} {'out':>5} {'TTFT ms':>10}  status",
     ]

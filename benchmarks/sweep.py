@@ -1,0 +1,268 @@
+"""Launch-configuration sweeps on a GPU: compile every variant in parallel processes, then time
+them one by one in this process (CUDA-graph replays for the microsecond kernels).
+
+    python benchmarks/sweep.py --groups mla_small_h,topk_decode --workers 16 --out sweep.jsonl
+
+Groups (shapes x configs):
+  mla_small_h   sparse MLA decode, s_q 1, topk 2048, 32K context per request, h_q 16/32, fp8_ds_mla and
+                bf16 caches, batch 1/32/64/128; grid block_n x num_stages x num_warps x num_splits
+  mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
+  topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
+  topk_prefill  top-k k=2048 of 4096 x 131072 rows
+  compile       seconds to compile the default top-k and sparse MLA kernels (fresh Triton cache)
+
+Every variant's result is checked against the default's (the same function: top-k exactly, MLA
+within 1/16 absolute); one JSON line per timed variant goes to --out, and the best few of each
+shape are printed last. The chosen defaults live in dsa/topk/kernel.py and dsa/mla/kernel.py.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing as mp
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+K = 2048
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, --smoke only
+
+
+def _sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------ variant lists
+def mla_small_h():
+    shapes = [(f"mla_{fmt}_h{h}_b{b}", b, h, fmt) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
+              for b in (1, 32, 64, 128)]
+    cfgs = [dict(block_n=bn, num_stages=st, num_warps=w) for bn, st, w in
+            itertools.product((16, 32, 64), (1, 2, 3), (2, 4, 8)) if not (bn == 16 and w == 8) and not (bn == 64 and w == 2)]
+    out = []
+    for name, b, h, fmt in shapes:
+        splits = (1, 2, 4, 8, 16, 32) if b <= 32 else (1, 2, 4, 8)
+        for cfg, ns in [({}, None)] + list(itertools.product(cfgs, splits)):  # the default first
+            out.append(dict(group="mla_small_h", shape=name, args=(b, 1, h, 32768, fmt), cfg=cfg, ns=ns))
+    return out
+
+
+def mla_large_h():
+    out = []
+    cfgs = [dict(block_n=bn, num_stages=st, num_warps=8) for bn, st in itertools.product((32, 64), (1, 2, 3))]
+    for cfg in [{}] + cfgs:
+        out.append(dict(group="mla_large_h", shape="mla_fp8_h128_b128_sq2", args=(128, 2, 128, 32768, "fp8_ds_mla"),
+                        cfg=cfg, ns=None))
+        out.append(dict(group="mla_large_h", shape="mla_bf16_prefill_h128", args=(1, 4096, 128, 131072, "bf16"),
+                        cfg=cfg, ns=None))
+    return out
+
+
+def topk_decode():
+    out = []
+    for M, N in ((64, 32768), (64, 131072), (8, 65536)):
+        out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True), cfg={}))  # the default
+        for sp, mw, sb, pf, sw in itertools.product((2, 4, 8, 16), (8, 16), (1024, 2048), (1, 2), (4, 8)):
+            if sp * 2048 > 16384:
+                continue
+            out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True),
+                            cfg=dict(splits=sp, merge_warps=mw, split_block=sb, prefetch=pf, split_warps=sw)))
+        out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True), cfg=dict(splits=1)))
+    return out
+
+
+def topk_prefill():
+    out = [dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False), cfg={})]
+    for bl, w, pps, pf in itertools.product((1024, 2048, 4096), (4, 8), (1, 2, 4), (1, 2, 4)):
+        out.append(dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False),
+                        cfg=dict(block=bl, num_warps=w, programs_per_sm=pps, prefetch=pf)))
+    return out
+
+
+GROUPS = dict(mla_small_h=mla_small_h, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+
+
+# ------------------------------------------------------------------------------ inputs and calls
+_CACHE = {}
+
+
+def mla_case(b, s_q, h, s_kv, fmt, tiny=False):
+    from dsa.bench import mla_inputs
+
+    key = ("mla", b, s_q, h, s_kv, fmt, tiny)
+    if key not in _CACHE:
+        _CACHE.clear()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+        T, topk, nreq, skv = (2, 128, 1, 256) if tiny else (b * s_q, K, b, s_kv)
+        q, kv, idx = mla_inputs(T, h, topk, nreq, skv, fmt, dev=DEV)
+        flat = kv.reshape(-1, kv.shape[-1])
+        out = torch.empty(T, h, 512, dtype=torch.bfloat16, device=DEV)
+        _CACHE[key] = (q, flat, idx, out)
+    return _CACHE[key]
+
+
+def mla_fn(v, tiny=False, ns=None):
+    from dsa.mla.kernel import sparse_mla_triton
+
+    q, flat, idx, out = mla_case(*v["args"], tiny=tiny)
+    cfg, ns = v["cfg"], (v["ns"] if ns is None else ns)
+    return (lambda: sparse_mla_triton(q, flat, idx, 192 ** -0.5, 512, None, None, out, num_splits=ns, config=cfg)), out
+
+
+def topk_case(M, N, decode, tiny=False):
+    key = ("topk", M, N, decode, tiny)
+    if key not in _CACHE:
+        _CACHE.clear()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+        if tiny:
+            M, N = min(M, 4), 32768
+        g = torch.Generator(device=DEV).manual_seed(0)
+        x = torch.randn(M, N, device=DEV, generator=g)
+        lens = torch.full((M,), N, dtype=torch.int32, device=DEV)
+        starts = torch.zeros(M, dtype=torch.int32, device=DEV)
+        out = torch.empty(M, K, dtype=torch.int32, device=DEV)
+        _CACHE[key] = (x, lens, starts, out)
+    return _CACHE[key]
+
+
+def topk_fn(v, tiny=False):
+    from dsa.topk import TopKConfig, top_k_indices
+
+    M, N, decode = v["args"]
+    x, lens, starts, out = topk_case(M, N, decode, tiny)
+    cfg = TopKConfig(**v["cfg"])
+    if decode:
+        return (lambda: top_k_indices(x, K, seq_lens=lens, out=out, config=cfg, backend="triton")), out
+    return (lambda: top_k_indices(x, K, starts, lens, out=out, config=cfg, backend="triton")), out
+
+
+def fn_for(v, tiny=False):
+    return mla_fn(v, tiny) if v["group"].startswith("mla") else topk_fn(v, tiny)
+
+
+def _compile(chunk):
+    """Worker: run each variant once on tiny inputs (fills the shared Triton disk cache)."""
+    bad = []
+    for v in chunk:
+        try:
+            if v["group"].startswith("mla"):  # both kernels: without and with split-K (a runtime count)
+                for ns in (1, 2):
+                    mla_fn(v, tiny=True, ns=ns)[0]()
+            else:
+                fn_for(v, tiny=True)[0]()
+            _sync()
+        except Exception as e:  # noqa: BLE001 - reported, the variant is then skipped
+            bad.append((v["shape"], v["cfg"], v.get("ns"), f"{type(e).__name__}: {str(e)[:160]}"))
+    return bad
+
+
+# ------------------------------------------------------------------------------ compile-time probe
+_PROBE = r"""
+import time, torch, sys
+sys.path.insert(0, '.')
+from dsa.topk import top_k_indices
+from dsa.mla.kernel import sparse_mla_triton
+from dsa.bench import mla_inputs
+res = {}
+for name, M, N in (("topk fused", 4096, 8192), ("topk split+merge", 8, 65536)):
+    x = torch.randn(M, N, device=DEV); lens = torch.full((M,), N, dtype=torch.int32, device=DEV)
+    t = time.time(); top_k_indices(x, 2048, seq_lens=lens, backend="triton"); _sync()
+    first = time.time() - t
+    t = time.time(); top_k_indices(x, 2048, seq_lens=lens, backend="triton"); _sync()
+    res[name] = (first, time.time() - t)
+for name, T, h, fmt in (("mla fp8 h128", 256, 128, "fp8_ds_mla"), ("mla fp8 h16 split", 2, 16, "fp8_ds_mla")):
+    q, kv, idx = mla_inputs(T, h, 2048, 1, 32768, fmt, dev=DEV); flat = kv.reshape(-1, kv.shape[-1])
+    t = time.time(); sparse_mla_triton(q, flat, idx, 0.07); torch.cuda.synchronize(); first = time.time() - t
+    t = time.time(); sparse_mla_triton(q, flat, idx, 0.07); _sync()
+    res[name] = (first, time.time() - t)
+for k, (a, b) in res.items():
+    print(f"compile  {k:<22} first call {a:7.2f} s   second {b * 1e3:7.2f} ms")
+"""
+
+
+def compile_probe():
+    env = dict(os.environ, TRITON_CACHE_DIR="/tmp/triton_fresh_cache_probe")
+    r = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    print(r.stdout + r.stderr[-2000:], flush=True)
+
+
+# ------------------------------------------------------------------------------ main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", default="mla_small_h,topk_decode")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--out", default="sweep.jsonl")
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds; later variants are skipped")
+    ap.add_argument("--top", type=int, default=4)
+    args = ap.parse_args()
+    t0 = time.time()
+    groups = args.groups.split(",")
+    if "compile" in groups:
+        compile_probe()
+        groups.remove("compile")
+    variants = [v for g in groups for v in GROUPS[g]()]
+    print(f"{len(variants)} variants; compiling with {args.workers} processes", flush=True)
+    chunks = [variants[i::args.workers] for i in range(args.workers)]
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
+        bad = [b for r in ex.map(_compile, chunks) for b in r]
+    bad_keys = {(s, json.dumps(c, sort_keys=True), n) for s, c, n, _ in bad}
+    for b in bad[:20]:
+        print("compile failed:", b, flush=True)
+    print(f"compiled in {time.time() - t0:.0f} s ({len(bad)} failed)", flush=True)
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    results, ref = [], {}
+    with open(args.out, "w") as f:
+        for v in variants:
+            if time.time() - t0 > args.deadline:
+                print(f"deadline: stopped before {v['shape']} {v['cfg']}", flush=True)
+                break
+            if (v["shape"], json.dumps(v["cfg"], sort_keys=True), v.get("ns")) in bad_keys:
+                continue
+            try:
+                fn, out = fn_for(v)
+                fn()
+                _sync()
+                o = out.clone()
+                if v["shape"] not in ref:
+                    ref[v["shape"]] = o
+                elif v["group"].startswith("mla"):
+                    d = (o.float() - ref[v["shape"]].float()).abs().max().item()
+                    if not d <= 0.0625:
+                        print(f"WRONG {v['shape']} {v['cfg']} ns={v.get('ns')}: max diff {d}", flush=True)
+                        continue
+                elif not torch.equal(o, ref[v["shape"]]):
+                    print(f"WRONG {v['shape']} {v['cfg']}", flush=True)
+                    continue
+                long = v["shape"].startswith("mla_bf16_prefill") or v["shape"] == "topk_4096x131072"
+                ms = do_bench(fn, warmup=10, rep=40, return_mode="median") if long else \
+                    do_bench_cudagraph(fn, rep=25, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                print(f"FAILED {v['shape']} {v['cfg']} ns={v.get('ns')}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
+            r = dict(group=v["group"], shape=v["shape"], cfg=v["cfg"], ns=v.get("ns"), us=ms * 1e3)
+            results.append(r)
+            f.write(json.dumps(r) + "\n")
+            f.flush()
+    print(f"timed {len(results)} variants in {time.time() - t0:.0f} s total", flush=True)
+    by_shape = {}
+    for r in results:
+        by_shape.setdefault(r["shape"], []).append(r)
+    for shape, rs in by_shape.items():
+        rs.sort(key=lambda r: r["us"])
+        print(f"== {shape}  ({len(rs)} variants; worst {rs[-1]['us']:.1f} us)")
+        for r in rs[:args.top]:
+            print(f"   {r['us']:9.1f} us  ns={r['ns']}  {r['cfg']}")
+
+
+if __name__ == "__main__":
+    main()
