@@ -174,7 +174,7 @@ from dsa.mla.kernel import sparse_mla_triton
 from dsa.bench import mla_inputs
 res = {}
 for name, M, N in (("topk fused", 4096, 8192), ("topk split+merge", 8, 65536)):
-    x = torch.randn(M, N, device=DEV); lens = torch.full((M,), N, dtype=torch.int32, device=DEV)
+    x = torch.randn(M, N, device="cuda"); lens = torch.full((M,), N, dtype=torch.int32, device="cuda")
     t = time.time(); top_k_indices(x, 2048, seq_lens=lens, backend="triton"); _sync()
     first = time.time() - t
     t = time.time(); top_k_indices(x, 2048, seq_lens=lens, backend="triton"); _sync()
