@@ -180,7 +180,7 @@ for name, M, N in (("topk fused", 4096, 8192), ("topk split+merge", 8, 65536)):
     t = time.time(); top_k_indices(x, 2048, seq_lens=lens, backend="triton"); _sync()
     res[name] = (first, time.time() - t)
 for name, T, h, fmt in (("mla fp8 h128", 256, 128, "fp8_ds_mla"), ("mla fp8 h16 split", 2, 16, "fp8_ds_mla")):
-    q, kv, idx = mla_inputs(T, h, 2048, 1, 32768, fmt, dev=DEV); flat = kv.reshape(-1, kv.shape[-1])
+    q, kv, idx = mla_inputs(T, h, 2048, 1, 32768, fmt, dev="cuda"); flat = kv.reshape(-1, kv.shape[-1])
     t = time.time(); sparse_mla_triton(q, flat, idx, 0.07); torch.cuda.synchronize(); first = time.time() - t
     t = time.time(); sparse_mla_triton(q, flat, idx, 0.07); _sync()
     res[name] = (first, time.time() - t)
