@@ -24,7 +24,7 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
-about 1.5x the useful MMA work. Measured numbers are in benchmarks/bench_sparse_mla.py.
+about 1.5x the useful MMA work. Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py, sweep.py).
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def _sparse_mla_fwd_kernel(
         idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
         valid = in_range & (idx >= 0) & (idx < S)
         rows = tl.where(valid, idx, 0).to(tl.int64)
-        # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
+        # gathered rows as bf16 (fp8: converted, scales kept apart), all loads issued before the first dot
         kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
         k0, c0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
         k1, c1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
@@ -133,10 +133,10 @@ def _sparse_mla_fwd_kernel(
         # QK^T: 64 rope + 4 x 128 nope (fp8: one dot per scale group, scaled after the dot)
         s = tl.dot(qr, tl.trans(kr))
         if IS_FP8:
-            s += _scale_cols(tl.dot(q0, tl.trans(k0)), c0, IS_FP8)
-            s += _scale_cols(tl.dot(q1, tl.trans(k1)), c1, IS_FP8)
-            s += _scale_cols(tl.dot(q2, tl.trans(k2)), c2, IS_FP8)
-            s += _scale_cols(tl.dot(q3, tl.trans(k3)), c3, IS_FP8)
+            s += tl.dot(q0, tl.trans(k0)) * c0[None, :]
+            s += tl.dot(q1, tl.trans(k1)) * c1[None, :]
+            s += tl.dot(q2, tl.trans(k2)) * c2[None, :]
+            s += tl.dot(q3, tl.trans(k3)) * c3[None, :]
         else:
             s = tl.dot(q0, tl.trans(k0), s)
             s = tl.dot(q1, tl.trans(k1), s)
