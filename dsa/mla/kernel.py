@@ -44,7 +44,7 @@ _LOG2E = 1.4426950408889634
 def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
                 GROUP: tl.constexpr, IS_FP8: tl.constexpr):
     """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]`` and, for
-    fp8_ds_mla, their group scale ``[BLOCK_N]`` f32 (None for a bf16 cache).
+    fp8_ds_mla, their group scale ``[BLOCK_N]`` f32 (an unused placeholder for a bf16 cache).
 
     The fp8 values are converted to bf16 unscaled (exact: e4m3 fits in bf16); the scale, a power of
     two, is applied to the dot results instead (``_scale_cols``), which is exact as well and costs
@@ -55,7 +55,7 @@ def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: 
     if IS_FP8:
         sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
         return k.to(tl.bfloat16), sc
-    return k, None
+    return k, tl.zeros_like(rows).to(tl.float32)  # unused (compiled away): bf16 rows carry no scale
 
 
 @triton.jit
