@@ -54,8 +54,10 @@ def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: 
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
         sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
-        return k.to(tl.bfloat16), sc
-    return k, tl.zeros_like(rows).to(tl.float32)  # unused (compiled away): bf16 rows carry no scale
+        k = k.to(tl.bfloat16)
+    else:
+        sc = tl.zeros_like(rows).to(tl.float32)  # unused (compiled away): bf16 rows carry no scale
+    return k, sc  # one return: the compiler types every return statement, taken or not
 
 
 @triton.jit
