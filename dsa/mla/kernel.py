@@ -25,6 +25,9 @@ Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Trito
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
 about 1.5x the useful MMA work. Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py, sweep.py).
+Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
+was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
+of P cost more than the per-value multiply), so each value is dequantised once, as here.
 """
 from __future__ import annotations
 
@@ -43,29 +46,13 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
                 GROUP: tl.constexpr, IS_FP8: tl.constexpr):
-    """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]`` and, for
-    fp8_ds_mla, their group scale ``[BLOCK_N]`` f32 (an unused placeholder for a bf16 cache).
-
-    The fp8 values are converted to bf16 unscaled (exact: e4m3 fits in bf16); the scale, a power of
-    two, is applied to the dot results instead (``_scale_cols``), which is exact as well and costs
-    ``BLOCK_H x BLOCK_N`` multiplies per group instead of ``BLOCK_N x GROUP``.
-    """
+    """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]``."""
     offs = g * GROUP + tl.arange(0, GROUP)
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
         sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
-        k = k.to(tl.bfloat16)
-    else:
-        sc = tl.zeros_like(rows).to(tl.float32)  # unused (compiled away): bf16 rows carry no scale
-    return k, sc  # one return: the compiler types every return statement, taken or not
-
-
-@triton.jit
-def _scale_cols(x, sc, IS_FP8: tl.constexpr):
-    """``x [BLOCK_H, BLOCK_N] * sc[None, :]`` for fp8_ds_mla (group scales), ``x`` for bf16."""
-    if IS_FP8:
-        return x * sc[None, :]
-    return x
+        k = (k.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
+    return k
 
 
 # sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
@@ -126,24 +113,18 @@ def _sparse_mla_fwd_kernel(
         idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
         valid = in_range & (idx >= 0) & (idx < S)
         rows = tl.where(valid, idx, 0).to(tl.int64)
-        # gathered rows as bf16 (fp8: converted, scales kept apart), all loads issued before the first dot
+        # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
         kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-        k0, c0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
-        k1, c1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
-        k2, c2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
-        k3, c3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
-        # QK^T: 64 rope + 4 x 128 nope (fp8: one dot per scale group, scaled after the dot)
+        k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
+        k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
+        k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
+        k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
+        # QK^T as five chained dots: 64 rope + 4 x 128 nope
         s = tl.dot(qr, tl.trans(kr))
-        if IS_FP8:
-            s += tl.dot(q0, tl.trans(k0)) * c0[None, :]
-            s += tl.dot(q1, tl.trans(k1)) * c1[None, :]
-            s += tl.dot(q2, tl.trans(k2)) * c2[None, :]
-            s += tl.dot(q3, tl.trans(k3)) * c3[None, :]
-        else:
-            s = tl.dot(q0, tl.trans(k0), s)
-            s = tl.dot(q1, tl.trans(k1), s)
-            s = tl.dot(q2, tl.trans(k2), s)
-            s = tl.dot(q3, tl.trans(k3), s)
+        s = tl.dot(q0, tl.trans(k0), s)
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
         s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -152,12 +133,11 @@ def _sparse_mla_fwd_kernel(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        # P.V per 128 output columns; fp8: the row's group scale folded into P (a power of two:
-        # round(p * sc) == round(p) * sc, so this equals P times the dequantised rows)
-        acc0 = tl.dot(_scale_cols(p, c0, IS_FP8).to(tl.bfloat16), k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(_scale_cols(p, c1, IS_FP8).to(tl.bfloat16), k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(_scale_cols(p, c2, IS_FP8).to(tl.bfloat16), k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(_scale_cols(p, c3, IS_FP8).to(tl.bfloat16), k3, acc3 * alpha[:, None])
+        pb = p.to(tl.bfloat16)
+        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
 
     empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
     if SPLIT:
