@@ -41,12 +41,12 @@ slice above the row's shared sampled bound), then a merge kernel selects the top
 union (``SPLITS * next_pow2(k)`` keys in registers) and writes the output; if the union
 holds fewer than k candidates the merge program streams its row alone, unbounded.
 
-Performance (H200, 2026-11-29, k = 2048, N(0,1) logits; benchmarks/bench_topk.py has the
-whole sweep): 4096 x 131072 in 2.03 ms (1057 GB/s, 3.05x torch.topk's 6.20 ms); 64 x 131072
-(decode, 4 slices per row) in 54.5 us (3.48x torch.topk's 190 us). Both miss their goals
-(>= 5x; <= 50 us). The streaming pass is memory-latency-bound (one 8 KB block in flight
-per program, 2 programs per SM); ``prefetch`` > 1 is implemented for that but not yet
-measured. The decode time is dominated by the merge (one program per row).
+Performance (H200, 2026-12-01, k = 2048, N(0,1) logits, inputs rotated out of L2; BENCHMARKS.md):
+4096 x 131072 in 1.98 ms (1084 GB/s, 3.12x torch.topk's 6.19 ms); 64 x 131072 (decode, 4 slices
+per row) in 63 us (3.0x torch.topk's 190 us; 55 us in an earlier run of the same configuration).
+Both miss their goals (>= 5x; <= 50 us). The streaming pass is memory-latency-bound (one 8 KB block
+in flight per program); ``prefetch`` 2-4 measured no better than 1 on the prefill shape. The decode
+time is dominated by the merge (one program per row).
 """
 from __future__ import annotations
 
