@@ -69,20 +69,23 @@ def topk_decode():
     out = []
     for M, N in ((64, 32768), (64, 131072), (8, 65536)):
         out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True), cfg={}))  # the default
-        for sp, mw, sb, pf, sw in itertools.product((2, 4, 8, 16), (8, 16), (1024, 2048), (1, 2), (4, 8)):
-            if sp * 2048 > 16384:
-                continue
+        for sp, mw, sw, row, nreg, ptx in itertools.product((4, 8), (8, 16), (8, 16), (16, 32), (None, 64, 80), (True,)):
             out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True),
-                            cfg=dict(splits=sp, merge_warps=mw, split_block=sb, prefetch=pf, split_warps=sw)))
+                            cfg=dict(splits=sp, merge_warps=mw, split_warps=sw, row=row, maxnreg=nreg, ptx=ptx)))
         out.append(dict(group="topk_decode", shape=f"topk_{M}x{N}", args=(M, N, True), cfg=dict(splits=1)))
     return out
 
 
 def topk_prefill():
     out = [dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False), cfg={})]
-    for bl, w, pps, pf in itertools.product((1024, 2048, 4096), (4, 8), (1, 2, 4), (1, 2, 4)):
-        out.append(dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False),
-                        cfg=dict(block=bl, num_warps=w, programs_per_sm=pps, prefetch=pf)))
+    grid = [dict(block=2048, num_warps=8, programs_per_sm=pps, row=32, maxnreg=nreg, cap=cap)
+            for pps, nreg, cap in itertools.product((4, 8), (None, 64, 72, 80, 96), (0, 4096))]
+    grid += [dict(block=bl, num_warps=16, programs_per_sm=4, row=32, maxnreg=nreg)
+             for bl, nreg in itertools.product((2048, 4096), (None, 64))]
+    grid += [dict(block=1024, num_warps=4, programs_per_sm=pps, row=32, maxnreg=nreg)
+             for pps, nreg in itertools.product((8, 16), (None, 64, 80))]
+    for cfg in grid:
+        out.append(dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False), cfg=cfg))
     return out
 
 

@@ -41,15 +41,20 @@ slice above the row's shared sampled bound), then a merge kernel selects the top
 union (``SPLITS * next_pow2(k)`` keys in registers) and writes the output; if the union
 holds fewer than k candidates the merge program streams its row alone, unbounded.
 
-Performance (H200, 2026-12-01, k = 2048, N(0,1) logits, inputs rotated out of L2; BENCHMARKS.md):
-4096 x 131072 in 1.98 ms (1084 GB/s, 3.12x torch.topk's 6.19 ms); 64 x 131072 (decode, 4 slices
-per row) in 63 us (3.0x torch.topk's 190 us; 55 us in an earlier run of the same configuration).
-Both miss their goals (>= 5x; <= 50 us). The streaming pass is memory-latency-bound (one 8 KB block
-in flight per program); ``prefetch`` 2-4 measured no better than 1 on the prefill shape. The decode
-time is dominated by the merge (one program per row).
+Stores. The appends and the output writes go to data-dependent addresses. ``tl.store`` would move
+pointers, values and masks to another register layout through shared memory first (three layout
+conversions per streamed block, 8 of its 17 barriers on sm_90); compiled for CUDA, the kernels use one
+predicated ``st.global`` of inline PTX per element instead (``TopKConfig.ptx``; the interpreter and
+other targets take ``tl.store``). Measured on the H200: 4096 x 131072 from 1.94 to 1.47 ms.
+
+Performance (H200, k = 2048, N(0,1) logits, inputs rotated out of L2; numbers in BENCHMARKS.md):
+4096 x 131072 in 1.22 ms (sweep; 5.1x torch.topk's 6.19 ms) with the defaults below (4-warp programs
+capped at 64 registers, 8 per SM); 64 x 131072 (decode, 4 slices per row) in 38 us of GPU time
+(CUDA graph: split 23 us + merge 15-18 us).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -142,7 +147,7 @@ def _threshold(key, k):
 
 @triton.jit
 def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH: tl.constexpr,
-          E: tl.constexpr):
+          E: tl.constexpr, ASM: tl.constexpr):
     """Write the selected entries among src[0:cnt), in order: keys > t, and keys == t while
     at most `need` were taken in all; as packed entries to dst (TO_BUFFER, may alias src) or
     as int32 positions. base_gt/base_eq count the entries > t / == t met before this range;
@@ -164,9 +169,9 @@ def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH:
         slot = base_gt + (c & 0xFFFF) + tl.minimum(c_eq, need) - 1  # slot <= ii: in-place safe
         tl.debug_barrier()  # this chunk is read before dst (maybe src) is written
         if TO_BUFFER:
-            tl.store(dst + slot, w, mask=sel)
+            _scatter(dst + slot, w, sel, ASM)
         else:
-            tl.store(dst + slot, w.to(tl.int32), mask=sel)
+            _scatter(dst + slot, w.to(tl.int32), sel, ASM)
         base_gt += tot & 0xFFFF
         base_eq += tot >> 16
         c0 += CH
@@ -175,7 +180,7 @@ def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH:
 
 @triton.jit
 def _compact(buf, n, k, dst, TILE: tl.constexpr, TO_BUFFER: tl.constexpr, CH: tl.constexpr,
-             E: tl.constexpr):
+             E: tl.constexpr, ASM: tl.constexpr):
     """Cut the first n buffer entries (n >= k) to their canonical top-k, written in order to
     dst (the buffer itself when TO_BUFFER, else an int32 output row). Returns the k-th largest
     shifted key (key + 1)."""
@@ -184,8 +189,44 @@ def _compact(buf, n, k, dst, TILE: tl.constexpr, TO_BUFFER: tl.constexpr, CH: tl
     # the key tile is the only big live value; unmasked load (the region holds TILE entries)
     t, need = _threshold(_tile_keys(tl.load(buf + i), i < n), k)
     zero = n * 0
-    _emit(buf, n, t, need, zero, zero, dst, TO_BUFFER, CH, E)
+    _emit(buf, n, t, need, zero, zero, dst, TO_BUFFER, CH, E, ASM)
     return t
+
+
+@triton.jit
+def _scatter(ptrs, val, mask, ASM: tl.constexpr):
+    """``tl.store(ptrs, val, mask)`` of int64 or int32 values at data-dependent addresses. With ASM
+    (compiled for CUDA), one predicated ``st.global`` per element in the values' own register layout:
+    ``tl.store`` first moves pointers, values and mask to another layout through shared memory
+    (three layout conversions, 8 of the 17 barriers of each streamed block on sm_90)."""
+    if ASM:
+        if val.dtype == tl.int64:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b64 [$1], $2; mov.b32 $0, 0; }",
+                "=r,l,l,r", [ptrs.to(tl.int64, bitcast=True), val, mask.to(tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }",
+                "=r,l,r,r", [ptrs.to(tl.int64, bitcast=True), val, mask.to(tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptrs, val, mask=mask)
+
+
+@triton.jit
+def _append(buf, slot, x, pos, mask, ASM: tl.constexpr):
+    """``buf[slot] = _pack(x, pos)`` where mask. With ASM: one ``mad.wide`` for the address and one
+    predicated 8-byte store of (position, value bits) per element, in the values' own layout."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.s32 a, $2, 8, $1; "
+            "@p st.global.v2.b32 [a], {$3, $5}; mov.b32 $0, 0; }",
+            "=r,l,r,r,r,r", [buf.to(tl.int64, bitcast=True), slot, pos, mask.to(tl.int32),
+                             x.to(tl.int32, bitcast=True)],
+            dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(buf + slot, _pack(x, pos), mask=mask)
 
 
 @triton.jit
@@ -195,7 +236,8 @@ def _load_range(x_row, idx, lo, hi):
 
 @triton.jit
 def _stream(x_row, a, b, s, f_thr, pass_all, buf, k, CAP: tl.constexpr, BLOCK: tl.constexpr,
-            CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr):
+            CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+            ASM: tl.constexpr):
     """Append the values of x_row[a:b] that pass the bound to the buffer (positions relative
     to s); cut the buffer to its top-k whenever it may not hold another block. Returns the
     entry count.
@@ -244,13 +286,13 @@ def _stream(x_row, a, b, s, f_thr, pass_all, buf, k, CAP: tl.constexpr, BLOCK: t
                 x2 = x3
                 x3 = x4
                 x4 = xn
-            p = (idx >= a) & (idx < b) & ((x >= f_thr) | (pass_all != 0))
+            p = ((idx - a).to(tl.uint32) < (b - a).to(tl.uint32)) & ((x >= f_thr) | (pass_all != 0))  # a <= idx < b
             c, tot = _prefix(p.to(tl.int32))
-            tl.store(buf + (n - 1) + c, _pack(x, idx - s), mask=p)
+            _append(buf, (n - 1) + c, x, idx - s, p, ASM)
             n += tot
             off += BLOCK
         if n > CAP - BLOCK:  # cut the buffer to the top-k and raise the bound
-            t = _compact(buf, n, k, buf, CAP, True, CH, E)
+            t = _compact(buf, n, k, buf, CAP, True, CH, E, ASM)
             n = n * 0 + k
             f_thr = _key_to_float(t)  # shifted k-th key = k-th key + 1: ties at it are out
             pass_all = pass_all * 0
@@ -310,6 +352,7 @@ def _topk_fused_kernel(
     out_ptr, stride_om, buf_ptr,
     MODE: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, GROUPS: tl.constexpr, KP: tl.constexpr,
     CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -329,11 +372,11 @@ def _topk_fused_kernel(
             n = tl.zeros([], tl.int32)
             tries = tl.zeros([], tl.int32)
             while tries < 2:
-                n = _stream(x_row, s, e, s, f_thr, pass_all, buf, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH)
+                n = _stream(x_row, s, e, s, f_thr, pass_all, buf, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH, ASM)
                 tries = tl.where(n >= k, 2, tries + 1)
                 f_thr = tl.full([], float("-inf"), tl.float32)  # retry (rare): no bound
                 pass_all = tl.full([], 1, tl.int32)
-            _compact(buf, n, k, out_row, CAP, False, CH, E)
+            _compact(buf, n, k, out_row, CAP, False, CH, E, ASM)
         row += nprog
 
 
@@ -343,6 +386,7 @@ def _topk_split_kernel(
     buf_ptr, cnt_ptr,
     MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, GROUPS: tl.constexpr,
     CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     row = tl.program_id(0)
     sp = tl.program_id(1)
@@ -355,9 +399,9 @@ def _topk_split_kernel(
         a = tl.minimum(s + sp * chunk, e)
         b = tl.minimum(a + chunk, e)
         thr = _sample_threshold(x_row + s, length, k, GROUPS)
-        n = _stream(x_row, a, b, s, _key_to_float(thr), (thr == 0).to(tl.int32), buf, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH)
+        n = _stream(x_row, a, b, s, _key_to_float(thr), (thr == 0).to(tl.int32), buf, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH, ASM)
         if n > k:
-            _compact(buf, n, k, buf, CAP, True, CH, E)
+            _compact(buf, n, k, buf, CAP, True, CH, E, ASM)
             n = n * 0 + k
         tl.store(cnt_ptr + row * SPLITS + sp, n)
 
@@ -368,6 +412,7 @@ def _topk_merge_kernel(
     out_ptr, stride_om, buf_ptr, cnt_ptr,
     MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, KP: tl.constexpr,
     CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     row = tl.program_id(0)
     s, e = _row_range(row, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, MODE)
@@ -389,12 +434,12 @@ def _topk_merge_kernel(
             base_eq = total * 0
             for q in tl.static_range(SPLITS):
                 base_gt, base_eq = _emit(region0 + q * CAP, tl.load(cnt_ptr + row * SPLITS + q),
-                                         thr, need, base_gt, base_eq, out_row, False, CH, E)
+                                         thr, need, base_gt, base_eq, out_row, False, CH, E, ASM)
         else:  # the sampled bound was too high (rare): this row alone, unbounded
             x_row = x_ptr + row.to(tl.int64) * ((stride_xm // ALIGN) * ALIGN)  # == stride_xm (host checks stride % ALIGN == 0); tells the compiler it is a multiple of ALIGN
             n = _stream(x_row, s, e, s, tl.full([], float("-inf"), tl.float32), tl.full([], 1, tl.int32),
-                        region0, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH)
-            _compact(region0, n, k, out_row, CAP, False, CH, E)
+                        region0, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH, ASM)
+            _compact(region0, n, k, out_row, CAP, False, CH, E, ASM)
 
 
 # ----------------------------------------------------------------------------------------
@@ -412,22 +457,25 @@ class TopKConfig:
     ahead of the one processed (1 to 4),
     ``sample_groups`` runs of 8 sampled values, ``chunk`` entries per output pass, ``row``
     values per row of the [block / row, row] tiles, ``splits`` (0: automatic, 1: fused),
-    ``maxnreg`` (register cap passed to ptxas, None: none).
+    ``maxnreg`` (register cap passed to ptxas for the fused kernel, None: none; 64 lets 8 programs of
+    4 warps share an SM, at the price of a few spills outside the streaming loop), ``ptx`` (scatter stores as inline PTX
+    where the kernels are compiled for CUDA; False: plain ``tl.store``).
     """
 
-    block: int = 2048
-    num_warps: int = 8
-    programs_per_sm: int = 4
+    block: int = 1024
+    num_warps: int = 4
+    programs_per_sm: int = 16
     split_block: int = 2048
     split_warps: int = 8
-    merge_warps: int = 16
+    merge_warps: int = 8
     splits: int = 0
     cap: int = 0
     sample_groups: int = 256
     chunk: int = 2048
-    row: int = 16
-    maxnreg: int | None = None
+    row: int = 32
+    maxnreg: int | None = 64
     prefetch: int = 1
+    ptx: bool = True
 
 
 DEFAULT_CONFIG = TopKConfig()
@@ -441,6 +489,11 @@ def _num_sms(device: torch.device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
+
+
+def _ptx_ok(device: torch.device) -> bool:
+    """Whether kernels may use inline PTX: a CUDA device, compiled (not the CPU interpreter)."""
+    return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _alignment(logits: torch.Tensor) -> int:
@@ -506,9 +559,9 @@ def top_k_indices_launch(
     else:
         starts = ends = seq = seq_lens
         seq_stride = seq_lens.stride(0) if seq_lens.dim() == 2 else 1
-    extra = {} if cfg.maxnreg is None or dev.type != "cuda" else {"maxnreg": cfg.maxnreg}
+    extra = {} if cfg.maxnreg is None or dev.type != "cuda" or splits != 1 else {"maxnreg": cfg.maxnreg}
     common = (logits, logits.stride(0), N, starts, ends, seq, seq_stride, next_n, k)
-    consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch, num_stages=1, **extra)
+    consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch, ASM=cfg.ptx and _ptx_ok(dev), num_stages=1, **extra)
     if splits == 1:
         nprog = min(M, sms * cfg.programs_per_sm)
         buf = torch.empty(nprog * cap, dtype=torch.int64, device=dev)
