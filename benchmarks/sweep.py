@@ -54,6 +54,21 @@ def mla_small_h():
     return out
 
 
+def mla_small_h_fp8():
+    """fp8_ds_mla small-head decode: tile sizes x warps x stages x prefetching the raw fp8 tile by hand."""
+    out = []
+    cfgs = [dict(block_n=bn, num_warps=w, num_stages=st, prefetch=pf)
+            for bn, w, st, pf in itertools.product((16, 32), (4, 8), (1, 2), (True, False))]
+    cfgs.append(dict(block_n=16, num_warps=2, num_stages=2, prefetch=False))  # the earlier h16 default
+    for h in (16, 32):
+        for b in (1, 32, 64, 128):
+            name = f"mla_fp8_ds_mla_h{h}_b{b}"
+            extra = {1: (8, 16, 32), 32: (2, 4, 8)}.get(b, (1, 2))
+            for cfg, ns in [({}, None)] + [(c, None) for c in cfgs] + [(c, n) for c in cfgs if c["prefetch"] for n in extra]:
+                out.append(dict(group="mla_small_h_fp8", shape=name, args=(b, 1, h, 32768, "fp8_ds_mla"), cfg=cfg, ns=ns))
+    return out
+
+
 def mla_large_h():
     out = []
     cfgs = [dict(block_n=bn, num_stages=st, num_warps=8) for bn, st in itertools.product((32, 64), (1, 2, 3))]
@@ -89,7 +104,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_small_h=mla_small_h, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls

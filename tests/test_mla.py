@@ -230,7 +230,9 @@ def test_kernel_split_k(num_splits, kv_format):
 
 
 @pytest.mark.parametrize("config", [dict(block_n=32, num_stages=3), dict(block_h=16, num_warps=4), dict(block_n=16),
-                                    dict(block_h=16, num_warps=8), dict(num_stages=1)])
+                                    dict(block_h=16, num_warps=8), dict(num_stages=1),
+                                    dict(prefetch=False), dict(block_h=16, block_n=16, prefetch=True),
+                                    dict(block_n=64, prefetch=True)])
 def test_kernel_configs(config):
     """Other launch configurations (as the benchmark sweeps them) compute the same function."""
     q, kv, idx, sm, sink, tl_ = make_case(2, 32, 77, 150, "fp8_ds_mla", seed=4, with_len=True, with_sink=True)

@@ -16,6 +16,9 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
   rows are never read (masked loads), so NaN in unused cache slots cannot leak.
 * Gathers: all loads of a tile are issued before its first dot (one memory round trip per tile;
   Triton's pipeliner turns the wgmma path's loads into async copies one tile ahead).
+* Small head groups over the fp8 cache (``PREFETCH``): their dots run on mma.sync, where Triton's
+  pipeliner leaves the fp8 loads synchronous (they reach the dots only through the dequantisation),
+  so the raw bytes and scales of the next tile are loaded by hand while the current one is used.
 * Work split: when ``T * ceil(h_q / BLOCK_H)`` programs cannot fill the GPU (decode), the index
   list is cut into ``num_splits`` chunks handled by separate programs which write partial
   (normalised out, lse, max) in fp32; a small second kernel merges them by lse. The caller's
@@ -55,6 +58,56 @@ def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: 
     return k
 
 
+@triton.jit
+def _tile_rows(idx_row, n0, stop, S, BLOCK_N: tl.constexpr):
+    """Index-list entries ``[n0, n0 + BLOCK_N)`` (those ``>= stop`` invalid): (indices, valid, int64 rows)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    in_range = offs_n < stop
+    idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
+    valid = in_range & (idx >= 0) & (idx < S)
+    return idx, valid, tl.where(valid, idx, 0).to(tl.int64)
+
+
+@triton.jit
+def _load_raw(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, GROUP: tl.constexpr):
+    """Raw fp8 values (four ``[BLOCK_N, GROUP]`` groups) and their four group scales, not yet dequantised."""
+    offs = tl.arange(0, GROUP)
+    base = nope_ptr + rows[:, None] * stride_nope + offs[None, :]
+    r0 = tl.load(base + 0 * GROUP, mask=valid[:, None], other=0.0)
+    r1 = tl.load(base + 1 * GROUP, mask=valid[:, None], other=0.0)
+    r2 = tl.load(base + 2 * GROUP, mask=valid[:, None], other=0.0)
+    r3 = tl.load(base + 3 * GROUP, mask=valid[:, None], other=0.0)
+    sb = scale_ptr + rows * stride_scale
+    s0 = tl.load(sb + 0, mask=valid, other=0.0)
+    s1 = tl.load(sb + 1, mask=valid, other=0.0)
+    s2 = tl.load(sb + 2, mask=valid, other=0.0)
+    s3 = tl.load(sb + 3, mask=valid, other=0.0)
+    return r0, r1, r2, r3, s0, s1, s2, s3
+
+
+@triton.jit
+def _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2, m_i, l_i, acc0, acc1, acc2, acc3):
+    """One tile of gathered rows (bf16): QK^T as five chained dots (64 rope + 4 x 128 nope), the online
+    softmax update (exp2, fp32) and P.V into the four 128-column accumulators."""
+    s = tl.dot(qr, tl.trans(kr))
+    s = tl.dot(q0, tl.trans(k0), s)
+    s = tl.dot(q1, tl.trans(k1), s)
+    s = tl.dot(q2, tl.trans(k2), s)
+    s = tl.dot(q3, tl.trans(k3), s)
+    s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: avoid -inf - -inf
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pb = p.to(tl.bfloat16)
+    acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+    acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+    acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+    acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
 # sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
 @triton.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_fwd_kernel(
@@ -72,7 +125,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, D_ROPE: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -107,37 +160,37 @@ def _sparse_mla_fwd_kernel(
     acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     idx_row = idx_ptr + t64 * stride_it
-    for n0 in range(start, stop, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        in_range = offs_n < stop
-        idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
-        valid = in_range & (idx >= 0) & (idx < S)
-        rows = tl.where(valid, idx, 0).to(tl.int64)
-        # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
-        kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-        k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
-        k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
-        k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
-        k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
-        # QK^T as five chained dots: 64 rope + 4 x 128 nope
-        s = tl.dot(qr, tl.trans(kr))
-        s = tl.dot(q0, tl.trans(k0), s)
-        s = tl.dot(q1, tl.trans(k1), s)
-        s = tl.dot(q2, tl.trans(k2), s)
-        s = tl.dot(q3, tl.trans(k3), s)
-        s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: avoid -inf - -inf
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-        pb = p.to(tl.bfloat16)
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+    if PREFETCH:
+        # fp8 cache with mma.sync-sized tiles (small head groups): Triton's pipeliner leaves the fp8
+        # loads synchronous there (they feed the dots only after the dequantisation), so the raw
+        # bytes and scales of tile i+1 are loaded here while tile i is dequantised and multiplied.
+        idx, valid, rows = _tile_rows(idx_row, start, stop, S, BLOCK_N)
+        r0, r1, r2, r3, s0, s1, s2, s3 = _load_raw(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, GROUP)
+        for n0 in range(start, stop, BLOCK_N):
+            idx_n, valid_n, rows_n = _tile_rows(idx_row, n0 + BLOCK_N, stop, S, BLOCK_N)
+            r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n = _load_raw(nope_ptr, scale_ptr, rows_n, stride_nope, stride_scale,
+                                                               valid_n, GROUP)
+            kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
+            k0 = (r0.to(tl.float32) * s0[:, None]).to(tl.bfloat16)
+            k1 = (r1.to(tl.float32) * s1[:, None]).to(tl.bfloat16)
+            k2 = (r2.to(tl.float32) * s2[:, None]).to(tl.bfloat16)
+            k3 = (r3.to(tl.float32) * s3[:, None]).to(tl.bfloat16)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
+                                                       m_i, l_i, acc0, acc1, acc2, acc3)
+            valid = valid_n
+            rows = rows_n
+            r0, r1, r2, r3, s0, s1, s2, s3 = r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n
+    else:
+        for n0 in range(start, stop, BLOCK_N):
+            idx, valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
+            # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
+            kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
+            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
+            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
+            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
+            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
+                                                       m_i, l_i, acc0, acc1, acc2, acc3)
 
     empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
     if SPLIT:
@@ -228,35 +281,42 @@ def _num_sms(device: torch.device) -> int:
 _MAX_SPLITS = 64
 
 
-def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n: int) -> int:
+def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n: int,
+                      per_sm: int | None = None) -> int:
     """Split-K factor: the largest power of two that keeps ``T * head_groups * splits`` within
-    ``programs_per_sm(block_n) * num_sms`` programs (1 when the tiles alone reach it), each chunk at
-    least two tiles of ``block_n`` rows, at most 64. Small tiles want more programs per SM (they use
-    less shared memory, so more fit, and each has less memory in flight)."""
+    ``per_sm * num_sms`` programs (1 when the tiles alone reach it), each chunk at least two tiles
+    of ``block_n`` rows, at most 64. ``per_sm`` defaults to 4 for tiles of <= 16 rows (they use
+    less shared memory, so more fit, and each has less memory in flight), else 2; the launch code
+    passes 1 for the 8-warp small-head fp8 programs (measured best on the H200)."""
     tiles = T * head_groups
-    target = num_sms * (4 if block_n <= 16 else 2)
-    want = max(1, target // max(tiles, 1))
+    if per_sm is None:
+        per_sm = 4 if block_n <= 16 else 2
+    want = max(1, num_sms * per_sm // max(tiles, 1))
     want = 1 << (want.bit_length() - 1)
     k_tiles = triton.cdiv(topk, block_n)
     return max(1, min(want, k_tiles // 2, _MAX_SPLITS))
 
 
-def default_config(h_q: int, is_fp8: bool) -> dict:
-    """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages.
+def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
+    """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages,
+    whether the raw fp8 tile is prefetched by hand (``prefetch``), programs per SM aimed at by the
+    split-K choice (``per_sm``, None: :func:`choose_num_splits`' default).
 
     Chosen from sweeps on an H200 (benchmarks/sweep.py; BENCHMARKS.md has the numbers). Shared
     memory (sm_90, compiler report): BLOCK_H 64 / BLOCK_N 64 / bf16 / 3 stages holds q (72 KiB) and
-    two tiles of 64 gathered rows (2 x 72 KiB): 217 KiB of the 227 KiB. Small head groups stream
-    more, smaller programs per SM (see :func:`choose_num_splits`).
+    two tiles of 64 gathered rows (2 x 72 KiB): 217 KiB of the 227 KiB. Small head groups with the
+    fp8 cache run on mma.sync, where Triton does not pipeline the fp8 loads: 8-warp programs that
+    prefetch the next raw tile were fastest for h_q 32 at every batch and for h_q 16 at batch 1
+    (24 against 39 us); at larger batches h_q 16 keeps small 2-warp programs (T = ``None``: those).
     """
     bh = block_h_for(h_q)
     if bh == 64:
-        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3)
+        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3, prefetch=False, per_sm=None)
     if is_fp8:
-        if bh == 32:
-            return dict(block_h=32, block_n=32, num_warps=4, num_stages=2)
-        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2)
-    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3)
+        if bh == 32 or (T is not None and T <= 8):
+            return dict(block_h=bh, block_n=32, num_warps=8, num_stages=2, prefetch=True, per_sm=1)
+        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None)
+    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
@@ -284,12 +344,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     else:
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
-    cfg = default_config(h_q, is_fp8)
+    cfg = default_config(h_q, is_fp8, T)
     cfg.update(config or {})
     bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
     n_hg = triton.cdiv(h_q, bh)
     if num_splits is None:
-        num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn)
+        num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn, cfg.get("per_sm"))
     num_splits = max(1, min(int(num_splits), triton.cdiv(max(topk, 1), bn)))
     split_len = triton.cdiv(triton.cdiv(max(topk, 1), bn), num_splits) * bn
     num_splits = triton.cdiv(max(topk, 1), split_len)
@@ -297,7 +357,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     has_sink = attn_sink is not None
     dummy = lse
     common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
-                  GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, num_warps=warps, num_stages=stages)
+                  GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
+                  num_warps=warps, num_stages=stages)
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                indices, indices.stride(0), topk_length if has_len else dummy, attn_sink if has_sink else dummy)
     scale_log2 = float(sm_scale) * _LOG2E
