@@ -93,12 +93,9 @@ def topk_decode():
 
 def topk_prefill():
     out = [dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False), cfg={})]
-    grid = [dict(block=2048, num_warps=8, programs_per_sm=pps, row=32, maxnreg=nreg, cap=cap)
-            for pps, nreg, cap in itertools.product((4, 8), (None, 64, 72, 80, 96), (0, 4096))]
-    grid += [dict(block=bl, num_warps=16, programs_per_sm=4, row=32, maxnreg=nreg)
-             for bl, nreg in itertools.product((2048, 4096), (None, 64))]
-    grid += [dict(block=1024, num_warps=4, programs_per_sm=pps, row=32, maxnreg=nreg)
-             for pps, nreg in itertools.product((8, 16), (None, 64, 80))]
+    grid = [dict(block=bl, num_warps=w, programs_per_sm=pps, row=row, maxnreg=nreg)
+            for (bl, w), pps, row, nreg in itertools.product(((512, 2), (1024, 4), (2048, 8)), (16, 32), (16, 32, 64),
+                                                            (48, 56, 64))]
     for cfg in grid:
         out.append(dict(group="topk_prefill", shape="topk_4096x131072", args=(4096, 131072, False), cfg=cfg))
     return out

@@ -48,9 +48,10 @@ predicated ``st.global`` of inline PTX per element instead (``TopKConfig.ptx``; 
 other targets take ``tl.store``). Measured on the H200: 4096 x 131072 from 1.94 to 1.47 ms.
 
 Performance (H200, k = 2048, N(0,1) logits, inputs rotated out of L2; numbers in BENCHMARKS.md):
-4096 x 131072 in 1.22 ms (sweep; 5.1x torch.topk's 6.19 ms) with the defaults below (4-warp programs
-capped at 64 registers, 8 per SM); 64 x 131072 (decode, 4 slices per row) in 38 us of GPU time
-(CUDA graph: split 23 us + merge 15-18 us).
+4096 x 131072 in 1.13 ms (sweep; 5.5x torch.topk's 6.19 ms) with the defaults below: 4-warp programs
+capped at 64 registers (8 resident per SM), 32 per SM in the grid, so about one row each. 64 x 131072
+(decode, 4 slices per row): 38.6 us of GPU time (CUDA graph; split 23 us + merge 15-18 us); called
+eagerly, host-side validation and two launches add 50-80 us.
 """
 from __future__ import annotations
 
@@ -464,7 +465,7 @@ class TopKConfig:
 
     block: int = 1024
     num_warps: int = 4
-    programs_per_sm: int = 16
+    programs_per_sm: int = 32
     split_block: int = 2048
     split_warps: int = 8
     merge_warps: int = 8
@@ -472,7 +473,7 @@ class TopKConfig:
     cap: int = 0
     sample_groups: int = 256
     chunk: int = 2048
-    row: int = 32
+    row: int = 16
     maxnreg: int | None = 64
     prefetch: int = 1
     ptx: bool = True
