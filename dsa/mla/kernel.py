@@ -53,19 +53,24 @@ def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: 
     offs = g * GROUP + tl.arange(0, GROUP)
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
-        sc = tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0)
-        k = (k.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
+        k = _dequant(k, tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0))
     return k
 
 
 @triton.jit
+def _dequant(raw, sc):
+    """fp8 values ``[BLOCK_N, GROUP]`` times their per-row group scale ``[BLOCK_N]`` (fp32), as bf16."""
+    return (raw.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
 def _tile_rows(idx_row, n0, stop, S, BLOCK_N: tl.constexpr):
-    """Index-list entries ``[n0, n0 + BLOCK_N)`` (those ``>= stop`` invalid): (indices, valid, int64 rows)."""
+    """Index-list entries ``[n0, n0 + BLOCK_N)`` (those ``>= stop`` invalid): (valid, int64 rows)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     in_range = offs_n < stop
     idx = tl.load(idx_row + offs_n, mask=in_range, other=-1)
     valid = in_range & (idx >= 0) & (idx < S)
-    return idx, valid, tl.where(valid, idx, 0).to(tl.int64)
+    return valid, tl.where(valid, idx, 0).to(tl.int64)
 
 
 @triton.jit
@@ -164,25 +169,22 @@ def _sparse_mla_fwd_kernel(
         # fp8 cache with mma.sync-sized tiles (small head groups): Triton's pipeliner leaves the fp8
         # loads synchronous there (they feed the dots only after the dequantisation), so the raw
         # bytes and scales of tile i+1 are loaded here while tile i is dequantised and multiplied.
-        idx, valid, rows = _tile_rows(idx_row, start, stop, S, BLOCK_N)
+        valid, rows = _tile_rows(idx_row, start, stop, S, BLOCK_N)
         r0, r1, r2, r3, s0, s1, s2, s3 = _load_raw(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, GROUP)
         for n0 in range(start, stop, BLOCK_N):
-            idx_n, valid_n, rows_n = _tile_rows(idx_row, n0 + BLOCK_N, stop, S, BLOCK_N)
+            valid_n, rows_n = _tile_rows(idx_row, n0 + BLOCK_N, stop, S, BLOCK_N)
             r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n = _load_raw(nope_ptr, scale_ptr, rows_n, stride_nope, stride_scale,
                                                                valid_n, GROUP)
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            k0 = (r0.to(tl.float32) * s0[:, None]).to(tl.bfloat16)
-            k1 = (r1.to(tl.float32) * s1[:, None]).to(tl.bfloat16)
-            k2 = (r2.to(tl.float32) * s2[:, None]).to(tl.bfloat16)
-            k3 = (r3.to(tl.float32) * s3[:, None]).to(tl.bfloat16)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0), _dequant(r1, s1),
+                                                       _dequant(r2, s2), _dequant(r3, s3), valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
             valid = valid_n
             rows = rows_n
             r0, r1, r2, r3, s0, s1, s2, s3 = r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n
     else:
         for n0 in range(start, stop, BLOCK_N):
-            idx, valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
+            valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
             # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
             k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
