@@ -237,7 +237,9 @@ def test_kernel_configs(config):
     """Other launch configurations (as the benchmark sweeps them) compute the same function."""
     q, kv, idx, sm, sink, tl_ = make_case(2, 32, 77, 150, "fp8_ds_mla", seed=4, with_len=True, with_sink=True)
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, config=config)
+    out = poison_(torch.empty(2, 32, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, config=config)
+    assert got[0] is out
     assert_matches(got, want, max_abs_v(kv, idx, 150), str(config))
 
 
@@ -366,7 +368,8 @@ def test_validation_device():
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-@pytest.mark.parametrize("shape", [(64, 128, 2048, 1 << 17), (4, 16, 2048, 1 << 16), (3, 64, 1000, 5056), (33, 8, 513, 8960)])
+@pytest.mark.parametrize("shape", [(64, 128, 2048, 1 << 17), (4, 16, 2048, 1 << 16), (3, 64, 1000, 5056), (33, 8, 513, 8960),
+                                   (40, 32, 2048, 1 << 16)])
 def test_gpu_large(kv_format, shape):
     T, H, topk, S = shape
     q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, kv_format, seed=T + H, block_size=64, with_len=True,

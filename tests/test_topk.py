@@ -7,6 +7,7 @@ row (valid positions in range and unique, then exactly -1).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -26,7 +27,11 @@ from dsa.topk.reference import (
 SMALL = TopKConfig(block=256, cap=0, num_warps=4, sample_groups=16, splits=1, prefetch=4)  # many buffer cuts
 SPLIT2 = TopKConfig(split_block=256, sample_groups=16, splits=2, chunk=256, prefetch=2)
 SPLIT4 = TopKConfig(split_block=128, sample_groups=16, splits=4, chunk=128, prefetch=3)
-CONFIGS = {"default": None, "small": SMALL, "split2": SPLIT2, "split4": SPLIT4}
+# tl.store instead of the inline-PTX stores (the GPU's other store path; on the interpreter the same as above)
+PLAIN = dataclasses.replace(SMALL, ptx=False)
+PLAIN_SPLIT = dataclasses.replace(SPLIT2, ptx=False)
+CONFIGS = {"default": None, "small": SMALL, "split2": SPLIT2, "split4": SPLIT4, "plain": PLAIN,
+           "plain_split": PLAIN_SPLIT}
 
 
 # ----------------------------------------------------------------------------------------
