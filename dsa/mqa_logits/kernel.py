@@ -18,8 +18,9 @@ N dimension of the dot is R*H: 256 for R = 4 rows of 64 heads).
   cache through the block table (one table entry per key, so any block size
   from 1 to 256 works with any BLOCK_N), in one launch. Triton pipelines the key
   tiles (cp.async, the block-table entries one stage earlier); the scales feed no
-  dot, so Triton would load them synchronously: with ``PREFETCH`` they and the
-  table entries they need are loaded by hand one tile ahead.
+  dot, so Triton would load them synchronously: with ``PREFETCH`` 1 they and the
+  table entries they need are loaded by hand one tile ahead; with ``PREFETCH`` 2
+  the keys are too (in registers, no Triton pipelining at all).
 
 The dot's B operand (the q rows, [R, D]) is loaded once per program and stays in
 shared memory; the wgmma is m64nRk32 (R = 256 for prefill, next_n_pad*64 for decode).
@@ -213,7 +214,24 @@ def _paged_mqa_logits_kernel(
     qT = tl.trans(q)
 
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
-    if PREFETCH:
+    if PREFETCH == 2:
+        # Everything by hand: the keys and scales of tile t+1 (in registers) and the block-table
+        # entries of tile t+2 are loaded while tile t is multiplied and reduced.
+        s_a = s_lo + offs_n
+        p_a = _load_phys(bt_row, s_a, c_hi, max_blocks, BS)
+        p_b = _load_phys(bt_row, s_a + BLOCK_N, c_hi, max_blocks, BS)
+        k_a = _load_k(kv_ptr, p_a, s_a, num_blocks, BS, D, BLOCK_BYTES)
+        sc_a = _load_scale(kv_scale_ptr, p_a, s_a, num_blocks, BS, D, BLOCK_BYTES)
+        for s0 in range(s_lo, c_hi, BLOCK_N):
+            s = s0 + offs_n
+            k = k_a
+            k_scale = sc_a
+            k_a = _load_k(kv_ptr, p_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
+            sc_a = _load_scale(kv_scale_ptr, p_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
+            p_b = _load_phys(bt_row, s + 2 * BLOCK_N, c_hi, max_blocks, BS)
+            _tile_out(tl.dot(k, qT), w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD,
+                      H, CLEAN)
+    elif PREFETCH == 1:
         # The keys go through Triton's software pipeline (cp.async, num_stages deep, the block-table
         # entries one stage earlier). The scales, which feed no dot and so are not pipelined by
         # Triton, are prefetched by hand: the scales of tile t+1 and the block-table entries they
@@ -228,13 +246,8 @@ def _paged_mqa_logits_kernel(
             k = _load_k(kv_ptr, _load_phys(bt_row, s, c_hi, max_blocks, BS), s, num_blocks, BS, D, BLOCK_BYTES)
             ps_c = _load_phys(bt_row, s + 2 * BLOCK_N, c_hi, max_blocks, BS)
             sc_b = _load_scale(kv_scale_ptr, ps_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
-            sc = tl.dot(k, qT)  # [BLOCK_N, R]
-            sc = tl.maximum(sc, 0.0) * w[None, :]
-            logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * sc_a[:, None]
-            if CLEAN:
-                logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))
-            tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], logits,
-                     mask=(s < s_hi)[:, None] & j_ok[None, :])
+            _tile_out(tl.dot(k, qT), w, sc_a, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD, H,
+                      CLEAN)
             ps_b = ps_c
             sc_a = sc_b
     else:
@@ -243,13 +256,20 @@ def _paged_mqa_logits_kernel(
             phys = _load_phys(bt_row, s, c_hi, max_blocks, BS)
             k = _load_k(kv_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
             k_scale = _load_scale(kv_scale_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
-            sc = tl.dot(k, qT)  # [BLOCK_N, R]
-            sc = tl.maximum(sc, 0.0) * w[None, :]
-            logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * k_scale[:, None]
-            if CLEAN:
-                logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))
-            tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], logits,
-                     mask=(s < s_hi)[:, None] & j_ok[None, :])
+            _tile_out(tl.dot(k, qT), w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD,
+                      H, CLEAN)
+
+
+@triton.jit
+def _tile_out(sc, w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N: tl.constexpr,
+              NEXT_N_PAD: tl.constexpr, H: tl.constexpr, CLEAN: tl.constexpr):
+    """Logits of one key tile from its dot ``sc`` [BLOCK_N, NEXT_N_PAD*H]: relu, head weights, the sum over
+    each row's heads, the key scales; -inf past each row's limit (``CLEAN``); stored for keys < ``s_hi``."""
+    sc = tl.maximum(sc, 0.0) * w[None, :]
+    logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * k_scale[:, None]
+    if CLEAN:
+        logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))
+    tl.store(out_ptr + rows64[None, :] * stride_om + s[:, None], logits, mask=(s < s_hi)[:, None] & j_ok[None, :])
 
 
 @triton.jit
@@ -276,15 +296,18 @@ def _load_scale(kv_scale_ptr, phys, s, num_blocks, BS: tl.constexpr, D: tl.const
     return tl.load(kv_scale_ptr + phys.to(tl.int64) * (BLOCK_BYTES // 4) + (BS * D // 4) + (s % BS), mask=ok, other=0.0)
 
 
-# Decode configurations (same keys as above, plus PREFETCH: hand-prefetch the scales and the
-# block-table entries they need one tile ahead). Fastest of the --sweep on an H200 (2026-11-29),
-# B=64, contexts 32K-128K: block size 64 -> PREFETCH (next_n 1: 0.223 ms, next_n 2: 0.355 ms);
-# block size 1, next_n 1 -> the plain loop (0.353 ms vs 0.394 with PREFETCH); block size 1,
-# next_n 2 -> PREFETCH (0.554 ms). Other block sizes were not timed and take the block-64 choice.
+# Decode configurations (same keys as above, plus PREFETCH: 0 = Triton's pipeliner for everything
+# it can (the scales, feeding no dot, stay synchronous); 1 = the scales and the block-table entries
+# they need loaded by hand one tile ahead, the keys through the pipeliner; 2 = keys, scales and
+# table entries all by hand, one tile ahead, in registers; and MAXNREG, a per-thread register cap
+# (None: the compiler's choice) that lets more programs share an SM. Fastest of the --sweep on an
+# H200 (2026-11-29), B=64, contexts 32K-128K: block size 64 -> PREFETCH 1 (next_n 1: 0.223 ms,
+# next_n 2: 0.355 ms); block size 1, next_n 1 -> PREFETCH 0 (0.353 ms vs 0.394 with 1); block size 1,
+# next_n 2 -> PREFETCH 1 (0.554 ms). Other block sizes were not timed and take the block-64 choice.
 PAGED_CONFIGS = {
-    "default": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=True),
-    "bs1_next_n1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=False),
-    "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=True),
+    "default": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=None),
+    "bs1_next_n1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=None),
+    "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=1, MAXNREG=None),
 }
 
 
@@ -316,6 +339,10 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     bs = row // INDEXER_ROW_BYTES
     cfg = _paged_config(bs, next_n, config)
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    maxnreg = cfg.pop("MAXNREG", None)
+    if maxnreg is not None and not interpreter_on():
+        cfg["maxnreg"] = maxnreg
+    cfg["PREFETCH"] = int(cfg.get("PREFETCH", 1))
     kv = cache_blocks.view(torch.float8_e4m3fn)
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
     grid = (triton.cdiv(max_context_len, cfg["SPAN"]), B)
