@@ -113,15 +113,13 @@ INDEXER_DECODE_SWEEP = [
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0),
     dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=128),
-    dict(BLOCK_N=64, SPAN=4096, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=128),
+    dict(BLOCK_N=64, SPAN=512, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=2048, num_warps=8, num_stages=3, PREFETCH=1),
     dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2),
     dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=8, num_stages=1, PREFETCH=2),
-    dict(BLOCK_N=128, SPAN=2048, num_warps=8, num_stages=1, PREFETCH=2),
 ]
 
 

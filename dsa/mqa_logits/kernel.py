@@ -173,6 +173,7 @@ def _paged_mqa_logits_kernel(
     pid_s = tl.program_id(0)
     b = tl.program_id(1)
     R: tl.constexpr = NEXT_N_PAD * H
+    TIB: tl.constexpr = BS % BLOCK_N == 0  # every tile inside one block (SPAN is a multiple of BLOCK_N)
     ROW: tl.constexpr = INDEXER_ROW_BYTES_C  # bytes per token
     BLOCK_BYTES: tl.constexpr = BS * ROW
 
@@ -217,47 +218,43 @@ def _paged_mqa_logits_kernel(
     if PREFETCH == 2:
         # Everything by hand: the keys and scales of tile t+1 (in registers) and the block-table
         # entries of tile t+2 are loaded while tile t is multiplied and reduced.
-        s_a = s_lo + offs_n
-        p_a = _load_phys(bt_row, s_a, c_hi, max_blocks, BS)
-        p_b = _load_phys(bt_row, s_a + BLOCK_N, c_hi, max_blocks, BS)
-        k_a = _load_k(kv_ptr, p_a, s_a, num_blocks, BS, D, BLOCK_BYTES)
-        sc_a = _load_scale(kv_scale_ptr, p_a, s_a, num_blocks, BS, D, BLOCK_BYTES)
+        p_a = _load_phys(bt_row, s_lo, offs_n, c_hi, max_blocks, BS, TIB)
+        p_b = _load_phys(bt_row, s_lo + BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
+        k_a = _load_k(kv_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+        sc_a = _load_scale(kv_scale_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
         for s0 in range(s_lo, c_hi, BLOCK_N):
-            s = s0 + offs_n
             k = k_a
             k_scale = sc_a
-            k_a = _load_k(kv_ptr, p_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
-            sc_a = _load_scale(kv_scale_ptr, p_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
-            p_b = _load_phys(bt_row, s + 2 * BLOCK_N, c_hi, max_blocks, BS)
-            _tile_out(tl.dot(k, qT), w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD,
-                      H, CLEAN)
+            k_a = _load_k(kv_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            sc_a = _load_scale(kv_scale_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            p_b = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
+            _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN)
     elif PREFETCH == 1:
         # The keys go through Triton's software pipeline (cp.async, num_stages deep, the block-table
         # entries one stage earlier). The scales, which feed no dot and so are not pipelined by
         # Triton, are prefetched by hand: the scales of tile t+1 and the block-table entries they
         # need (tile t+2) are loaded while tile t is multiplied, so their latency is off the loop's
         # critical path.
-        s_a = s_lo + offs_n
-        ps_b = _load_phys(bt_row, s_a + BLOCK_N, c_hi, max_blocks, BS)
-        sc_a = _load_scale(kv_scale_ptr, _load_phys(bt_row, s_a, c_hi, max_blocks, BS), s_a, num_blocks, BS, D,
-                           BLOCK_BYTES)
+        ps_b = _load_phys(bt_row, s_lo + BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
+        sc_a = _load_scale(kv_scale_ptr, _load_phys(bt_row, s_lo, offs_n, c_hi, max_blocks, BS, TIB), s_lo, offs_n,
+                           c_hi, num_blocks, BS, D, BLOCK_BYTES)
         for s0 in range(s_lo, c_hi, BLOCK_N):
-            s = s0 + offs_n
-            k = _load_k(kv_ptr, _load_phys(bt_row, s, c_hi, max_blocks, BS), s, num_blocks, BS, D, BLOCK_BYTES)
-            ps_c = _load_phys(bt_row, s + 2 * BLOCK_N, c_hi, max_blocks, BS)
-            sc_b = _load_scale(kv_scale_ptr, ps_b, s + BLOCK_N, num_blocks, BS, D, BLOCK_BYTES)
-            _tile_out(tl.dot(k, qT), w, sc_a, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD, H,
-                      CLEAN)
+            k = _load_k(kv_ptr, _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB), s0, offs_n, c_hi,
+                        num_blocks, BS, D, BLOCK_BYTES)
+            ps_c = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
+            sc_b = _load_scale(kv_scale_ptr, ps_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN)
             ps_b = ps_c
             sc_a = sc_b
     else:
         for s0 in range(s_lo, c_hi, BLOCK_N):
-            s = s0 + offs_n
-            phys = _load_phys(bt_row, s, c_hi, max_blocks, BS)
-            k = _load_k(kv_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
-            k_scale = _load_scale(kv_scale_ptr, phys, s, num_blocks, BS, D, BLOCK_BYTES)
-            _tile_out(tl.dot(k, qT), w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N, NEXT_N_PAD,
-                      H, CLEAN)
+            phys = _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB)
+            k = _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN)
 
 
 @triton.jit
@@ -273,26 +270,38 @@ def _tile_out(sc, w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BL
 
 
 @triton.jit
-def _load_phys(bt_row, s, c_hi, max_blocks, BS: tl.constexpr):
-    """Physical block of each key position ``s`` (-1 where ``s >= c_hi``: never read)."""
-    blk = s // BS
-    return tl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+def _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS: tl.constexpr, TIB: tl.constexpr):
+    """Physical block of the keys ``s0 + offs_n`` (-1 for keys ``>= c_hi``: never read). With ``TIB``
+    (the tile lies inside one block: BLOCK_N divides the block size) one table entry is loaded for the
+    whole tile and broadcast, so the compiler sees one base address per tile."""
+    if TIB:
+        blk0 = s0 // BS
+        phys = tl.load(bt_row + blk0, mask=(s0 < c_hi) & (blk0 < max_blocks), other=-1) + tl.zeros_like(offs_n)
+    else:
+        s = s0 + offs_n
+        blk = s // BS
+        phys = tl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+    return phys
 
 
 @triton.jit
-def _load_k(kv_ptr, phys, s, num_blocks, BS: tl.constexpr, D: tl.constexpr, BLOCK_BYTES: tl.constexpr):
-    """fp8 values [BLOCK_N, D] of the keys at positions ``s`` (0 where ``phys`` is outside
-    ``[0, num_blocks)``: nothing outside the cache or the context is read)."""
-    ok = (phys >= 0) & (phys < num_blocks)
+def _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constexpr, D: tl.constexpr,
+            BLOCK_BYTES: tl.constexpr):
+    """fp8 values [BLOCK_N, D] of the keys ``s0 + offs_n`` (0 where the key is past ``c_hi`` or its block
+    outside ``[0, num_blocks)``: nothing outside the cache or the context is read)."""
+    s = s0 + offs_n
+    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
     offs_d = tl.arange(0, D)
     ptr = kv_ptr + (phys.to(tl.int64) * BLOCK_BYTES + (s % BS) * D)[:, None] + offs_d[None, :]
     return tl.load(ptr, mask=ok[:, None], other=0.0)
 
 
 @triton.jit
-def _load_scale(kv_scale_ptr, phys, s, num_blocks, BS: tl.constexpr, D: tl.constexpr, BLOCK_BYTES: tl.constexpr):
-    """fp32 scales [BLOCK_N] of the keys at positions ``s`` (0 where ``phys`` is invalid)."""
-    ok = (phys >= 0) & (phys < num_blocks)
+def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constexpr, D: tl.constexpr,
+                BLOCK_BYTES: tl.constexpr):
+    """fp32 scales [BLOCK_N] of the keys ``s0 + offs_n`` (0 where the key is not read)."""
+    s = s0 + offs_n
+    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
     return tl.load(kv_scale_ptr + phys.to(tl.int64) * (BLOCK_BYTES // 4) + (BS * D // 4) + (s % BS), mask=ok, other=0.0)
 
 
@@ -340,8 +349,9 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     cfg = _paged_config(bs, next_n, config)
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     maxnreg = cfg.pop("MAXNREG", None)
-    if maxnreg is not None and not interpreter_on():
-        cfg["maxnreg"] = maxnreg
+    acc_regs = cfg["BLOCK_N"] * triton.next_power_of_2(next_n) * H // (32 * num_warps)  # the dot's fp32 result
+    if maxnreg is not None and acc_regs <= maxnreg // 2 and not interpreter_on():
+        cfg["maxnreg"] = maxnreg  # a cap that would squeeze the accumulator (next_n 4) is not applied
     cfg["PREFETCH"] = int(cfg.get("PREFETCH", 1))
     kv = cache_blocks.view(torch.float8_e4m3fn)
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
