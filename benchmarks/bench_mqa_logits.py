@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--only", choices=["prefill", "decode"], default=None)
+    ap.add_argument("--block-sizes", default="64,1", help="decode cache block sizes, comma-separated")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU interpreter (checks the script)")
     args = ap.parse_args()
     if args.cpu_smoke:
@@ -47,7 +48,8 @@ def main():
         import triton
 
         print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    rows = B.indexer_suite(size, args.sweep, dev, only=args.only)
+    rows = B.indexer_suite(size, args.sweep, dev, only=args.only,
+                           block_sizes=tuple(int(b) for b in args.block_sizes.split(",")))
     print()
     print(B.format_table(rows))
     for r in rows:

@@ -271,14 +271,15 @@ def run_indexer_decode(B, lo, hi, bs, next_n, sweep=False, dev="cuda", baseline=
                nbytes / ms / 1e6, "GB/s", 100 * nbytes / ms * 1e3 / H200_COPY_BYTES_PER_S, base, diff, cfg)
 
 
-def indexer_suite(size="full", sweep=False, dev="cuda", baseline=True, only=None, log=print) -> list:
+def indexer_suite(size="full", sweep=False, dev="cuda", baseline=True, only=None, log=print,
+                  block_sizes=(64, 1)) -> list:
     rows = []
     if only in (None, "prefill"):
         M, N = {"smoke": (8, 200), "quick": (1024, 32768), "full": (4096, 131072)}[size]
         rows.append(run_indexer_prefill(M, N, sweep, dev, baseline, log))
     if only in (None, "decode"):
         B, lo, hi = {"smoke": (3, 40, 90), "quick": (16, 4096, 16384), "full": (64, 32768, 131072)}[size]
-        for bs in (64, 1):
+        for bs in block_sizes:
             for next_n in (1, 2):
                 rows.append(run_indexer_decode(B, lo, hi, bs, next_n, sweep, dev, baseline, log))
                 if torch.device(dev).type == "cuda":

@@ -220,13 +220,13 @@ def _paged_mqa_logits_kernel(
         # entries of tile t+2 are loaded while tile t is multiplied and reduced.
         p_a = _load_phys(bt_row, s_lo, offs_n, c_hi, max_blocks, BS, TIB)
         p_b = _load_phys(bt_row, s_lo + BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-        k_a = _load_k(kv_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
-        sc_a = _load_scale(kv_scale_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+        k_a = _load_k(kv_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
+        sc_a = _load_scale(kv_scale_ptr, p_a, s_lo, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
         for s0 in range(s_lo, c_hi, BLOCK_N):
             k = k_a
             k_scale = sc_a
-            k_a = _load_k(kv_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
-            sc_a = _load_scale(kv_scale_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            k_a = _load_k(kv_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
+            sc_a = _load_scale(kv_scale_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             p_b = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
             _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
@@ -238,12 +238,12 @@ def _paged_mqa_logits_kernel(
         # critical path.
         ps_b = _load_phys(bt_row, s_lo + BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
         sc_a = _load_scale(kv_scale_ptr, _load_phys(bt_row, s_lo, offs_n, c_hi, max_blocks, BS, TIB), s_lo, offs_n,
-                           c_hi, num_blocks, BS, D, BLOCK_BYTES)
+                           c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
         for s0 in range(s_lo, c_hi, BLOCK_N):
             k = _load_k(kv_ptr, _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB), s0, offs_n, c_hi,
-                        num_blocks, BS, D, BLOCK_BYTES)
+                        num_blocks, BS, D, BLOCK_BYTES, TIB)
             ps_c = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-            sc_b = _load_scale(kv_scale_ptr, ps_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            sc_b = _load_scale(kv_scale_ptr, ps_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
             ps_b = ps_c
@@ -251,8 +251,8 @@ def _paged_mqa_logits_kernel(
     else:
         for s0 in range(s_lo, c_hi, BLOCK_N):
             phys = _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB)
-            k = _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
-            k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES)
+            k = _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
+            k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
 
@@ -285,12 +285,22 @@ def _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS: tl.constexpr, TIB: tl.c
 
 
 @triton.jit
+def _key_ok(phys, s, c_hi, num_blocks, TIB: tl.constexpr):
+    """Keys to read: block inside the cache and, with ``TIB``, position before ``c_hi`` (without it,
+    :func:`_load_phys` already gave -1 to those)."""
+    ok = (phys >= 0) & (phys < num_blocks)
+    if TIB:
+        ok = ok & (s < c_hi)
+    return ok
+
+
+@triton.jit
 def _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constexpr, D: tl.constexpr,
-            BLOCK_BYTES: tl.constexpr):
+            BLOCK_BYTES: tl.constexpr, TIB: tl.constexpr):
     """fp8 values [BLOCK_N, D] of the keys ``s0 + offs_n`` (0 where the key is past ``c_hi`` or its block
     outside ``[0, num_blocks)``: nothing outside the cache or the context is read)."""
     s = s0 + offs_n
-    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
+    ok = _key_ok(phys, s, c_hi, num_blocks, TIB)
     offs_d = tl.arange(0, D)
     ptr = kv_ptr + (phys.to(tl.int64) * BLOCK_BYTES + (s % BS) * D)[:, None] + offs_d[None, :]
     return tl.load(ptr, mask=ok[:, None], other=0.0)
@@ -298,10 +308,10 @@ def _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constexpr, D: tl.
 
 @triton.jit
 def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constexpr, D: tl.constexpr,
-                BLOCK_BYTES: tl.constexpr):
+                BLOCK_BYTES: tl.constexpr, TIB: tl.constexpr):
     """fp32 scales [BLOCK_N] of the keys ``s0 + offs_n`` (0 where the key is not read)."""
     s = s0 + offs_n
-    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
+    ok = _key_ok(phys, s, c_hi, num_blocks, TIB)
     return tl.load(kv_scale_ptr + phys.to(tl.int64) * (BLOCK_BYTES // 4) + (BS * D // 4) + (s % BS), mask=ok, other=0.0)
 
 
@@ -309,13 +319,19 @@ def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constex
 # it can (the scales, feeding no dot, stay synchronous); 1 = the scales and the block-table entries
 # they need loaded by hand one tile ahead, the keys through the pipeliner; 2 = keys, scales and
 # table entries all by hand, one tile ahead, in registers; and MAXNREG, a per-thread register cap
-# (None: the compiler's choice) that lets more programs share an SM. Fastest of the --sweep on an
-# H200 (2026-11-29), B=64, contexts 32K-128K: block size 64 -> PREFETCH 1 (next_n 1: 0.223 ms,
-# next_n 2: 0.355 ms); block size 1, next_n 1 -> PREFETCH 0 (0.353 ms vs 0.394 with 1); block size 1,
-# next_n 2 -> PREFETCH 1 (0.554 ms). Other block sizes were not timed and take the block-64 choice.
+# (None: the compiler's choice) that lets more programs share an SM, applied only where the dot's
+# accumulator takes at most half of it). Chosen by `bench_mqa_logits.py --sweep` on an H200
+# (2026-12-01, B=64, contexts 32K-128K; BENCHMARKS.md has every row):
+#   block size a multiple of 64: PREFETCH 0, span 1024; next_n >= 2 with MAXNREG 128 (4 programs per SM
+#   instead of 3): next_n 1 0.205 ms (3222 GB/s), next_n 2 0.310 ms (2129 GB/s);
+#   block size 1: everything by hand (its 132-byte keys are only 4-byte aligned, so the pipeliner's
+#   copies are 4-byte cp.async): next_n 1 0.315 ms, next_n 2 (MAXNREG 168) 0.556 ms.
+# Other block sizes take the block-64 choice.
 PAGED_CONFIGS = {
-    "default": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=None),
-    "bs1_next_n1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=None),
+    "default": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=None),
+    "next_n2+": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
+    "bs1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=None),
+    "bs1_next_n2+": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
     "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=1, MAXNREG=None),
 }
 
@@ -323,10 +339,9 @@ PAGED_CONFIGS = {
 def _paged_config(block_size: int, next_n: int, override: dict | None):
     if interpreter_on():
         key = "interpret"
-    elif block_size == 1 and next_n == 1:
-        key = "bs1_next_n1"
     else:
-        key = "default"
+        key = ("bs1" if block_size == 1 else "default") if next_n == 1 else \
+              ("bs1_next_n2+" if block_size == 1 else "next_n2+")
     cfg = dict(PAGED_CONFIGS[key])
     if override:
         cfg.update(override)
