@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+LOG2E = 1.4426950408889634
+
 import pytest
 import torch
 
@@ -232,7 +234,8 @@ def test_kernel_split_k(num_splits, kv_format):
 @pytest.mark.parametrize("config", [dict(block_n=32, num_stages=3), dict(block_h=16, num_warps=4), dict(block_n=16),
                                     dict(block_h=16, num_warps=8), dict(num_stages=1),
                                     dict(prefetch=False), dict(block_h=16, block_n=16, prefetch=True),
-                                    dict(block_n=64, prefetch=True)])
+                                    dict(block_n=64, prefetch=True), dict(lazy=False),
+                                    dict(block_h=16, block_n=16, prefetch=True, lazy=False)])
 def test_kernel_configs(config):
     """Other launch configurations (as the benchmark sweeps them) compute the same function."""
     q, kv, idx, sm, sink, tl_ = make_case(2, 32, 77, 150, "fp8_ds_mla", seed=4, with_len=True, with_sink=True)
@@ -241,6 +244,34 @@ def test_kernel_configs(config):
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, config=config)
     assert got[0] is out
     assert_matches(got, want, max_abs_v(kv, idx, 150), str(config))
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_rising_logits(lazy, num_splits):
+    """Logits that keep rising along the index list (about 4 log2 units per 16 entries): the lazy online
+    softmax must move its reference max (and rescale) every few tiles and skip it in between; both forms,
+    whole and split, against the reference (out, lse and the true max_logits)."""
+    g = gen(21)
+    T, H, topk, S = 1, 16, 256, 300
+    sm = 192**-0.5
+    q0 = torch.randn(D_QK, generator=g)
+    q = (q0[None, None, :] + 0.1 * torch.randn(T, H, D_QK, generator=g)).to(torch.bfloat16)
+    a = 0.25 * torch.arange(topk, dtype=torch.float32) / (sm * LOG2E)  # target logit of entry j, log2 units 0.25 j
+    kv = torch.randn(S, D_QK, generator=g) * 0.5
+    kv[:topk] += a[:, None] * q0[None, :] / q0.square().sum()
+    kv[topk:] = float("nan")  # never indexed
+    idx = torch.arange(topk, dtype=torch.int32)[None, :].clone()
+    idx[0, 40] = -1
+    idx[0, 200] = S + 5
+    q, kv, idx = q.to(DEVICE), kv.to(torch.bfloat16).to(DEVICE), idx.to(DEVICE)
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
+    got = sparse_mla_triton(q, kv, idx, sm, D_V, None, None, out, num_splits=num_splits,
+                            config=dict(block_h=16, block_n=16, lazy=lazy))
+    want = sparse_mla_ref(q, kv, idx, sm)
+    logits = (q.float() @ kv[:topk].float().T) * sm * LOG2E  # [T, H, topk]
+    assert float(logits[0, :, 200:].max() - logits[0, :, :16].max()) > 40  # many moves of the reference max
+    assert_matches(got, want, max_abs_v(kv, idx, S), f"lazy={lazy} splits={num_splits}")
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 64, 256])
