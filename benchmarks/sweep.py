@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 K = 2048
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, --smoke only
 
 
 def _sync():
@@ -69,22 +69,6 @@ def mla_small_h_fp8():
     return out
 
 
-def mla_lazy():
-    """The lazy online-softmax rescale against the eager one, each shape at its default configuration."""
-    from dsa.mla.kernel import default_config
-
-    out = []
-    shapes = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
-              for b in (1, 32, 64, 128)]
-    shapes += [("mla_fp8_ds_mla_h128_b128_sq2", (128, 2, 128, 32768, "fp8_ds_mla")),
-               ("mla_bf16_h128_prefill", (1, 4096, 128, 131072, "bf16"))]
-    for name, args in shapes:
-        lazy = default_config(args[2], args[4] == "fp8_ds_mla", args[0] * args[1])["lazy"]
-        for cfg in ({}, dict(lazy=not lazy)):
-            out.append(dict(group="mla_lazy", shape=name, args=args, cfg=cfg, ns=None))
-    return out
-
-
 def mla_large_h():
     out = []
     cfgs = [dict(block_n=bn, num_stages=st, num_warps=8) for bn, st in itertools.product((32, 64), (1, 2, 3))]
@@ -117,7 +101,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_lazy=mla_lazy, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls

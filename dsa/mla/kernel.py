@@ -91,49 +91,26 @@ def _load_raw(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, GROUP
 
 
 @triton.jit
-def _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2, m_i, m_max, l_i, acc0, acc1, acc2, acc3,
-            LAZY: tl.constexpr):
+def _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2, m_i, l_i, acc0, acc1, acc2, acc3):
     """One tile of gathered rows (bf16): QK^T as five chained dots (64 rope + 4 x 128 nope), the online
-    softmax update (exp2, fp32) and P.V into the four 128-column accumulators.
-
-    ``m_i`` is the reference max the running sums are relative to, ``m_max`` the true running max. With
-    ``LAZY`` the reference (and the rescaling of ``l_i`` and the accumulators) moves only when some row's
-    max has grown by more than 8 (log2 units) since the last move, so P stays below 2^8 (no overflow in fp32
-    or bf16) and most tiles skip the rescale; the result is the same up to rounding."""
+    softmax update (exp2, fp32) and P.V into the four 128-column accumulators."""
     s = tl.dot(qr, tl.trans(kr))
     s = tl.dot(q0, tl.trans(k0), s)
     s = tl.dot(q1, tl.trans(k1), s)
     s = tl.dot(q2, tl.trans(k2), s)
     s = tl.dot(q3, tl.trans(k3), s)
     s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
-    m_max = tl.maximum(m_max, tl.max(s, 1))
-    if LAZY:
-        # clamped: -inf - -inf would be NaN; a row's first valid entry gives about 1e30
-        grow = tl.maximum(m_max, -1.0e30) - tl.maximum(m_i, -1.0e30)
-        if tl.max(grow, 0) > 8.0:
-            alpha = tl.exp2(m_i - tl.where(m_max == float("-inf"), 0.0, m_max))
-            l_i = l_i * alpha
-            acc0 = acc0 * alpha[:, None]
-            acc1 = acc1 * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            acc3 = acc3 * alpha[:, None]
-            m_i = m_max
-    else:
-        alpha = tl.exp2(m_i - tl.where(m_max == float("-inf"), 0.0, m_max))  # no valid entry yet: no -inf - -inf
-        l_i = l_i * alpha
-        acc0 = acc0 * alpha[:, None]
-        acc1 = acc1 * alpha[:, None]
-        acc2 = acc2 * alpha[:, None]
-        acc3 = acc3 * alpha[:, None]
-        m_i = m_max
-    p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-    l_i = l_i + tl.sum(p, 1)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: avoid -inf - -inf
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
     pb = p.to(tl.bfloat16)
-    acc0 = tl.dot(pb, k0, acc0)
-    acc1 = tl.dot(pb, k1, acc1)
-    acc2 = tl.dot(pb, k2, acc2)
-    acc3 = tl.dot(pb, k3, acc3)
-    return m_i, m_max, l_i, acc0, acc1, acc2, acc3
+    acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+    acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+    acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+    acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+    return m_new, l_i, acc0, acc1, acc2, acc3
 
 
 # sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
@@ -153,7 +130,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -182,7 +159,6 @@ def _sparse_mla_fwd_kernel(
     stop = tl.minimum(start + split_len, end)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    m_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
@@ -200,9 +176,9 @@ def _sparse_mla_fwd_kernel(
             r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n = _load_raw(nope_ptr, scale_ptr, rows_n, stride_nope, stride_scale,
                                                                valid_n, GROUP)
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            m_i, m_max, l_i, acc0, acc1, acc2, acc3 = _attend(
-                q0, q1, q2, q3, qr, kr, _dequant(r0, s0), _dequant(r1, s1), _dequant(r2, s2), _dequant(r3, s3),
-                valid, sm_scale_log2, m_i, m_max, l_i, acc0, acc1, acc2, acc3, LAZY)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0), _dequant(r1, s1),
+                                                       _dequant(r2, s2), _dequant(r3, s3), valid, sm_scale_log2,
+                                                       m_i, l_i, acc0, acc1, acc2, acc3)
             valid = valid_n
             rows = rows_n
             r0, r1, r2, r3, s0, s1, s2, s3 = r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n
@@ -215,9 +191,8 @@ def _sparse_mla_fwd_kernel(
             k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
             k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
             k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
-            m_i, m_max, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid,
-                                                              sm_scale_log2, m_i, m_max, l_i, acc0, acc1, acc2,
-                                                              acc3, LAZY)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
+                                                       m_i, l_i, acc0, acc1, acc2, acc3)
 
     empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
     if SPLIT:
@@ -232,7 +207,7 @@ def _sparse_mla_fwd_kernel(
         tl.store(o_base + 3 * GROUP + offs_g[None, :], acc3 * inv[:, None], mask=hmask[:, None])
         ml_off = (sid.to(tl.int64) * T + t64) * h_q + offs_h
         tl.store(lse_ptr + ml_off, lse2, mask=hmask)
-        tl.store(ml_ptr + ml_off, m_max, mask=hmask)
+        tl.store(ml_ptr + ml_off, m_i, mask=hmask)
     else:
         denom = l_i
         if HAS_SINK:
@@ -247,7 +222,7 @@ def _sparse_mla_fwd_kernel(
         ml_off = t64 * h_q + offs_h
         tl.store(lse_ptr + ml_off, tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2),
                  mask=hmask)
-        tl.store(ml_ptr + ml_off, tl.where(empty, float("-inf"), m_max * LN2), mask=hmask)
+        tl.store(ml_ptr + ml_off, tl.where(empty, float("-inf"), m_i * LN2), mask=hmask)
 
 
 @triton.jit(do_not_specialize=["T", "h_q", "num_splits"])
@@ -327,9 +302,7 @@ def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n
 def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages,
     whether the raw fp8 tile is prefetched by hand (``prefetch``), programs per SM aimed at by the
-    split-K choice (``per_sm``, None: :func:`choose_num_splits`' default), whether the online softmax
-    rescales lazily (``lazy``: see :func:`_attend`; on for head groups of <= 32, where the compiled
-    loop has room for the conditional block; with 64-head groups it made ptxas spill).
+    split-K choice (``per_sm``, None: :func:`choose_num_splits`' default).
 
     Chosen from sweeps on an H200 (benchmarks/sweep.py; BENCHMARKS.md has the numbers). Shared
     memory (sm_90, compiler report): BLOCK_H 64 / BLOCK_N 64 / bf16 / 3 stages holds q (72 KiB) and
@@ -340,13 +313,12 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     """
     bh = block_h_for(h_q)
     if bh == 64:
-        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3, prefetch=False, per_sm=None,
-                    lazy=False)
+        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3, prefetch=False, per_sm=None)
     if is_fp8:
         if bh == 32 or (T is not None and T <= 8):
-            return dict(block_h=bh, block_n=32, num_warps=8, num_stages=2, prefetch=True, per_sm=1, lazy=True)
-        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None, lazy=True)
-    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None, lazy=True)
+            return dict(block_h=bh, block_n=32, num_warps=8, num_stages=2, prefetch=True, per_sm=1)
+        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None)
+    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
@@ -388,7 +360,6 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     dummy = lse
     common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
                   GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
-                  LAZY=bool(cfg.get("lazy", False)),
                   num_warps=warps, num_stages=stages)
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                indices, indices.stride(0), topk_length if has_len else dummy, attn_sink if has_sink else dummy)
