@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 K = 2048
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, --smoke only
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _sync():
