@@ -309,10 +309,12 @@ def test_paged_views_max_len_and_unclean():
 
 @pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, SPAN=16), dict(BLOCK_N=32, SPAN=96),
                                  dict(BLOCK_N=16, SPAN=48, PREFETCH=0), dict(BLOCK_N=16, SPAN=48, PREFETCH=2),
-                                 dict(BLOCK_N=32, SPAN=32, PREFETCH=2, MAXNREG=128)])
+                                 dict(BLOCK_N=32, SPAN=32, PREFETCH=2, MAXNREG=128),
+                                 dict(BLOCK_N=16, SPAN=48, PREFETCH=3), dict(BLOCK_N=32, SPAN=64, PREFETCH=3)])
 def test_paged_kernel_configs(cfg):
     """Other tilings (tile inside one block, tiles spanning blocks, spans of several tiles), the loop
-    without hand prefetching and the one with everything prefetched by hand."""
+    without hand prefetching, the one with everything prefetched by hand, and the span's block table
+    loaded up front (tiles inside one block; with BLOCK_N 32 over 16-key blocks it falls back)."""
     g = gen(12)
     lens, bs, next_n, H = [81, 30, 1], 16, 2, 64
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, True, H, g, max_len=90)

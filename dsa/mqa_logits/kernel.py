@@ -171,6 +171,7 @@ def _paged_mqa_logits_kernel(
     NEXT_N: tl.constexpr, NEXT_N_PAD: tl.constexpr, CTX_2D: tl.constexpr,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_N: tl.constexpr, SPAN: tl.constexpr, CLEAN: tl.constexpr, PREFETCH: tl.constexpr,
+    NT: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     b = tl.program_id(1)
@@ -232,6 +233,25 @@ def _paged_mqa_logits_kernel(
             p_b = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
             _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
+    elif PREFETCH == 3:
+        # Tiles inside one block only (TIB): the block-table entries of the whole span are loaded once,
+        # before the loop, so no load feeds a key address (each tile picks its entry from registers) and
+        # Triton's pipeliner keeps num_stages - 1 key tiles in flight; the scales (no dot) by hand, one
+        # tile ahead.
+        offs_t = tl.arange(0, NT)
+        blk_t = s_lo // BS + offs_t
+        tab = tl.load(bt_row + blk_t, mask=(blk_t * BS < c_hi) & (blk_t < max_blocks), other=-1)
+        zero_n = tl.zeros_like(offs_n)
+        sc_a = _load_scale(kv_scale_ptr, _pick(tab, offs_t, 0) + zero_n, s_lo, offs_n, c_hi, num_blocks, BS, D,
+                           BLOCK_BYTES, TIB)
+        for s0 in range(s_lo, c_hi, BLOCK_N):
+            k = _load_k(kv_ptr, _pick(tab, offs_t, (s0 - s_lo) // BS) + zero_n, s0, offs_n, c_hi, num_blocks, BS, D,
+                        BLOCK_BYTES, TIB)
+            sc_b = _load_scale(kv_scale_ptr, _pick(tab, offs_t, (s0 + BLOCK_N - s_lo) // BS) + zero_n, s0 + BLOCK_N,
+                               offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
+            _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN)
+            sc_a = sc_b
     elif PREFETCH == 1:
         # The keys go through Triton's software pipeline (cp.async, num_stages deep, the block-table
         # entries one stage earlier). The scales, which feed no dot and so are not pipelined by
@@ -257,6 +277,12 @@ def _paged_mqa_logits_kernel(
             k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             _tile_out(tl.dot(k, qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
+
+
+@triton.jit
+def _pick(tab, offs_t, t):
+    """Entry ``t`` of the register tensor ``tab`` (0 when ``t`` is outside it)."""
+    return tl.sum(tl.where(offs_t == t, tab, 0), axis=0)
 
 
 @triton.jit
@@ -370,6 +396,9 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     if maxnreg is not None and acc_regs <= maxnreg // 2 and not interpreter_on():
         cfg["maxnreg"] = maxnreg  # a cap that would squeeze the accumulator (next_n 4) is not applied
     cfg["PREFETCH"] = int(cfg.get("PREFETCH", 1))
+    if cfg["PREFETCH"] == 3 and bs % cfg["BLOCK_N"]:
+        cfg["PREFETCH"] = 0  # the span's table up front needs tiles inside one block
+    cfg["NT"] = triton.next_power_of_2(triton.cdiv(cfg["SPAN"], bs))  # table entries of one span (PREFETCH 3)
     kv = cache_blocks.view(torch.float8_e4m3fn)
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
     grid = (triton.cdiv(max_context_len, cfg["SPAN"]), B)
