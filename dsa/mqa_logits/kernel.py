@@ -346,18 +346,18 @@ def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constex
 # Decode configurations (same keys as above, plus PREFETCH: 0 = Triton's pipeliner for everything
 # it can (the scales, feeding no dot, stay synchronous); 1 = the scales and the block-table entries
 # they need loaded by hand one tile ahead, the keys through the pipeliner; 2 = keys, scales and
-# table entries all by hand, one tile ahead, in registers; and MAXNREG, a per-thread register cap
-# (None: the compiler's choice) that lets more programs share an SM, applied only where the dot's
-# accumulator takes at most half of it). Chosen by `bench_mqa_logits.py --sweep` on an H200
-# (2026-12-01, B=64, contexts 32K-128K; BENCHMARKS.md has every row):
-#   block size a multiple of 64: PREFETCH 0, span 1024; next_n >= 2 with MAXNREG 128 (4 programs per SM
-#   instead of 3): next_n 1 0.205 ms (3222 GB/s), next_n 2 0.310 ms (2129 GB/s);
+# table entries all by hand, one tile ahead, in registers; 3 = (tiles inside one block, else 0) the
+# span's table entries loaded before the loop, keys through the pipeliner num_stages - 1 deep,
+# scales by hand; and MAXNREG, a per-thread register cap (None: the compiler's choice), applied only
+# where the dot's accumulator takes at most half of it). Chosen by `bench_mqa_logits.py --sweep`
+# on an H200 (2026-12-01, B=64, contexts 32K-128K; BENCHMARKS.md has the rows):
+#   block size a multiple of 64: PREFETCH 3, span 1024: next_n 1 0.202 ms (3271 GB/s), next_n 2
+#   0.313 ms (2112 GB/s); register caps and deeper pipelines were within run-to-run noise;
+#   block size 16 (the same configuration falls back to PREFETCH 0): 0.245 / 0.363 ms;
 #   block size 1: everything by hand (its 132-byte keys are only 4-byte aligned, so the pipeliner's
-#   copies are 4-byte cp.async): next_n 1 0.315 ms, next_n 2 (MAXNREG 168) 0.556 ms.
-# Other block sizes take the block-64 choice.
+#   copies are 4-byte cp.async): next_n 1 0.315 ms, next_n 2 (MAXNREG 168) 0.43-0.52 ms.
 PAGED_CONFIGS = {
-    "default": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=None),
-    "next_n2+": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
+    "default": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3, MAXNREG=None),
     "bs1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=None),
     "bs1_next_n2+": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
     "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=1, MAXNREG=None),
@@ -367,9 +367,10 @@ PAGED_CONFIGS = {
 def _paged_config(block_size: int, next_n: int, override: dict | None):
     if interpreter_on():
         key = "interpret"
+    elif block_size == 1:
+        key = "bs1" if next_n == 1 else "bs1_next_n2+"
     else:
-        key = ("bs1" if block_size == 1 else "default") if next_n == 1 else \
-              ("bs1_next_n2+" if block_size == 1 else "next_n2+")
+        key = "default"
     cfg = dict(PAGED_CONFIGS[key])
     if override:
         cfg.update(override)
