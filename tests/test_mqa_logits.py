@@ -307,7 +307,7 @@ def test_paged_views_max_len_and_unclean():
                        fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, 60))
 
 
-@pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, SPAN=16), dict(BLOCK_N=32, SPAN=96),
+@pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, SPAN=16, PREFETCH=1), dict(BLOCK_N=32, SPAN=96, PREFETCH=1),
                                  dict(BLOCK_N=16, SPAN=48, PREFETCH=0), dict(BLOCK_N=16, SPAN=48, PREFETCH=2),
                                  dict(BLOCK_N=32, SPAN=32, PREFETCH=2, MAXNREG=128),
                                  dict(BLOCK_N=16, SPAN=48, PREFETCH=3), dict(BLOCK_N=32, SPAN=64, PREFETCH=3)])

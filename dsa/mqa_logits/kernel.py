@@ -360,18 +360,18 @@ PAGED_CONFIGS = {
     "default": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3, MAXNREG=None),
     "bs1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=None),
     "bs1_next_n2+": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
-    "interpret": dict(BLOCK_N=16, SPAN=32, num_warps=4, num_stages=1, PREFETCH=1, MAXNREG=None),
 }
+PAGED_INTERPRET_TILES = dict(BLOCK_N=16, SPAN=32, num_stages=1)  # the CPU interpreter: same paths, small tiles
 
 
 def _paged_config(block_size: int, next_n: int, override: dict | None):
-    if interpreter_on():
-        key = "interpret"
-    elif block_size == 1:
+    if block_size == 1:
         key = "bs1" if next_n == 1 else "bs1_next_n2+"
     else:
         key = "default"
     cfg = dict(PAGED_CONFIGS[key])
+    if interpreter_on():
+        cfg.update(PAGED_INTERPRET_TILES)
     if override:
         cfg.update(override)
     cfg["SPAN"] = max(cfg["BLOCK_N"], cfg["SPAN"] // cfg["BLOCK_N"] * cfg["BLOCK_N"])
