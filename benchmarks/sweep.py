@@ -73,8 +73,8 @@ def mla_heads_n():
     """Small head groups with the heads as the N dim of the dots (``heads_n``) against the default."""
     out = []
     cfgs = [dict(heads_n=True, block_n=64, num_warps=w, num_stages=st, prefetch=False, per_sm=ps)
-            for w, st, ps in ((4, 2, 1), (4, 2, 2), (8, 2, 1), (4, 3, 1), (4, 3, 2), (8, 3, 1))]
-    for fmt in ("bf16",):
+            for w, st, ps in ((4, 2, 1), (4, 2, 2), (8, 2, 1), (4, 3, 1), (8, 3, 1))]
+    for fmt in ("fp8_ds_mla", "bf16"):
         for h in (16, 32):
             for b in (1, 32, 64, 128):
                 name = f"mla_{fmt}_h{h}_b{b}"
