@@ -69,20 +69,6 @@ def mla_small_h_fp8():
     return out
 
 
-def mla_heads_n():
-    """Small head groups with the heads as the N dim of the dots (``heads_n``) against the default."""
-    out = []
-    cfgs = [dict(heads_n=True, block_n=64, num_warps=w, num_stages=st, prefetch=False, per_sm=ps)
-            for w, st, ps in ((4, 2, 1), (4, 2, 2), (8, 2, 1), (4, 3, 1), (8, 3, 1))]
-    for fmt in ("fp8_ds_mla", "bf16"):
-        for h in (16, 32):
-            for b in (1, 32, 64, 128):
-                name = f"mla_{fmt}_h{h}_b{b}"
-                for cfg in [{}] + cfgs:
-                    out.append(dict(group="mla_heads_n", shape=name, args=(b, 1, h, 32768, fmt), cfg=cfg, ns=None))
-    return out
-
-
 def mla_large_h():
     out = []
     cfgs = [dict(block_n=bn, num_stages=st, num_warps=8) for bn, st in itertools.product((32, 64), (1, 2, 3))]
@@ -115,7 +101,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_heads_n=mla_heads_n, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls

@@ -245,21 +245,6 @@ def test_kernel_configs(config):
     assert_matches(got, want, max_abs_v(kv, idx, 150), str(config))
 
 
-@pytest.mark.parametrize("h_q", [8, 16, 24, 32])
-@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_heads_as_n(h_q, kv_format, num_splits):
-    """The small-head-group form with the heads as the N dim of the dots (transposed products, the
-    accumulators transposed back for the epilogue): every small head count, both formats, whole and split."""
-    q, kv, idx, sm, sink, tl_ = make_case(2, h_q, 150, 300, kv_format, seed=30 + h_q, with_len=True, with_sink=True)
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    out = poison_(torch.empty(2, h_q, D_V, dtype=torch.bfloat16, device=q.device))
-    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, num_splits=num_splits,
-                            config=dict(heads_n=True, block_n=64, num_warps=4, num_stages=2, prefetch=False))
-    assert got[0] is out
-    assert_matches(got, want, max_abs_v(kv, idx, 300), f"h_q={h_q} {kv_format} splits={num_splits}")
-
-
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_rising_logits(num_splits):
     """Logits that keep rising along the index list (about 4 log2 units per 16 entries), so the online

@@ -113,31 +113,6 @@ def _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2, m_i, l
     return m_new, l_i, acc0, acc1, acc2, acc3
 
 
-@triton.jit
-def _attend_t(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2, m_i, l_i, acc0, acc1, acc2, acc3):
-    """:func:`_attend` with the heads as the N dim of every dot and the gathered rows as M: S^T = K Q^T
-    ``[BLOCK_N, BLOCK_H]`` and O^T += V^T P^T ``[GROUP, BLOCK_H]`` per group. With 16 or 32 heads the dots are
-    then wgmma-sized (M = 64 rows or 128 values, N = the heads), both read the one shared-memory copy of the
-    tile (the second through a transposed view) and q stays in shared memory."""
-    s = tl.dot(kr, tl.trans(qr))
-    s = tl.dot(k0, tl.trans(q0), s)
-    s = tl.dot(k1, tl.trans(q1), s)
-    s = tl.dot(k2, tl.trans(q2), s)
-    s = tl.dot(k3, tl.trans(q3), s)
-    s = tl.where(valid[:, None], s * sm_scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    pb = p.to(tl.bfloat16)
-    acc0 = tl.dot(tl.trans(k0), pb, acc0 * alpha[None, :])
-    acc1 = tl.dot(tl.trans(k1), pb, acc1 * alpha[None, :])
-    acc2 = tl.dot(tl.trans(k2), pb, acc2 * alpha[None, :])
-    acc3 = tl.dot(tl.trans(k3), pb, acc3 * alpha[None, :])
-    return m_new, l_i, acc0, acc1, acc2, acc3
-
-
 # sizes that vary call to call are not specialised (one compiled kernel per config, not per shape)
 @triton.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_fwd_kernel(
@@ -155,7 +130,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, HEADS_N: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -185,30 +160,12 @@ def _sparse_mla_fwd_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     idx_row = idx_ptr + t64 * stride_it
-    if HEADS_N:
-        acc0 = tl.zeros([GROUP, BLOCK_H], tl.float32)
-        acc1 = tl.zeros([GROUP, BLOCK_H], tl.float32)
-        acc2 = tl.zeros([GROUP, BLOCK_H], tl.float32)
-        acc3 = tl.zeros([GROUP, BLOCK_H], tl.float32)
-        for n0 in range(start, stop, BLOCK_N):
-            valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
-            kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
-            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
-            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
-            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_t(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid,
-                                                         sm_scale_log2, m_i, l_i, acc0, acc1, acc2, acc3)
-        acc0 = tl.trans(acc0)  # [BLOCK_H, GROUP] as below, for the shared epilogue
-        acc1 = tl.trans(acc1)
-        acc2 = tl.trans(acc2)
-        acc3 = tl.trans(acc3)
-    elif PREFETCH:
-        acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    if PREFETCH:
         # fp8 cache with mma.sync-sized tiles (small head groups): Triton's pipeliner leaves the fp8
         # loads synchronous there (they feed the dots only after the dequantisation), so the raw
         # bytes and scales of tile i+1 are loaded here while tile i is dequantised and multiplied.
@@ -226,10 +183,6 @@ def _sparse_mla_fwd_kernel(
             rows = rows_n
             r0, r1, r2, r3, s0, s1, s2, s3 = r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n
     else:
-        acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
-        acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
         for n0 in range(start, stop, BLOCK_N):
             valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
             # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
@@ -407,7 +360,6 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     dummy = lse
     common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
                   GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
-                  HEADS_N=bool(cfg.get("heads_n", False)),
                   num_warps=warps, num_stages=stages)
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                indices, indices.stride(0), topk_length if has_len else dummy, attn_sink if has_sink else dummy)
