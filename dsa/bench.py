@@ -109,9 +109,7 @@ INDEXER_PREFILL_SWEEP = [
     dict(BLOCK_Q=4, BLOCK_N=64, SPAN=8192, num_warps=4, num_stages=2),
 ]
 INDEXER_DECODE_SWEEP = [
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=1),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=3, PREFETCH=1, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3),
     dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=4, PREFETCH=3),

@@ -307,7 +307,7 @@ def test_paged_views_max_len_and_unclean():
                        fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, 60))
 
 
-@pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, SPAN=16, PREFETCH=1), dict(BLOCK_N=32, SPAN=96, PREFETCH=1),
+@pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, SPAN=16, PREFETCH=3), dict(BLOCK_N=32, SPAN=96, PREFETCH=0),
                                  dict(BLOCK_N=16, SPAN=48, PREFETCH=0), dict(BLOCK_N=16, SPAN=48, PREFETCH=2),
                                  dict(BLOCK_N=32, SPAN=32, PREFETCH=2, MAXNREG=128),
                                  dict(BLOCK_N=16, SPAN=48, PREFETCH=3), dict(BLOCK_N=32, SPAN=64, PREFETCH=3)])
@@ -321,6 +321,14 @@ def test_paged_kernel_configs(cfg):
     out = poison_(torch.empty(len(lens) * next_n, max_len, device=DEVICE))
     K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out, config=cfg)
     assert_logits_match(out, fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
+
+
+def test_paged_config_rejects_unknown_prefetch():
+    g = gen(14)
+    q, cache, w, ctx, bt, max_len, _, _ = _paged_case([20], 16, 1, True, 64, g, max_len=20)
+    out = torch.empty(1, max_len, device=DEVICE)
+    with pytest.raises(ValueError, match="PREFETCH"):
+        K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out, config=dict(PREFETCH=1))
 
 
 def test_paged_short_contexts():

@@ -19,10 +19,13 @@ N dimension of the dot is R*H: 256 for R = 4 rows of 64 heads).
   from 1 to 256 works with any BLOCK_N; when BLOCK_N divides the block size,
   ``TIB``, one entry per tile, which leaves one base address per tile and cut
   the loop by about 15% of its instructions), in one launch. Triton pipelines the key
-  tiles (cp.async, the block-table entries one stage earlier); the scales feed no
-  dot, so Triton would load them synchronously: with ``PREFETCH`` 1 they and the
-  table entries they need are loaded by hand one tile ahead; with ``PREFETCH`` 2
-  the keys are too (in registers, no Triton pipelining at all).
+  tiles (cp.async, the block-table entries one stage earlier; ``PREFETCH`` 0). With
+  ``PREFETCH`` 3 (tiles inside one block) the span's table entries are loaded
+  before the loop, so no load feeds a key address and the pipeliner keeps
+  num_stages - 1 key tiles in flight; the scales, which feed no dot and which
+  Triton would load synchronously, are loaded by hand one tile ahead. With
+  ``PREFETCH`` 2 keys, scales and table entries are all loaded by hand, one tile
+  ahead, in registers (block size 1, whose keys are only 4-byte aligned).
 
 The dot's B operand (the q rows, [R, D]) is loaded once per program and stays in
 shared memory; the wgmma is m64nRk32 (R = 256 for prefill, next_n_pad*64 for decode).
@@ -252,24 +255,6 @@ def _paged_mqa_logits_kernel(
             _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
             sc_a = sc_b
-    elif PREFETCH == 1:
-        # The keys go through Triton's software pipeline (cp.async, num_stages deep, the block-table
-        # entries one stage earlier). The scales, which feed no dot and so are not pipelined by
-        # Triton, are prefetched by hand: the scales of tile t+1 and the block-table entries they
-        # need (tile t+2) are loaded while tile t is multiplied, so their latency is off the loop's
-        # critical path.
-        ps_b = _load_phys(bt_row, s_lo + BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-        sc_a = _load_scale(kv_scale_ptr, _load_phys(bt_row, s_lo, offs_n, c_hi, max_blocks, BS, TIB), s_lo, offs_n,
-                           c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-        for s0 in range(s_lo, c_hi, BLOCK_N):
-            k = _load_k(kv_ptr, _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB), s0, offs_n, c_hi,
-                        num_blocks, BS, D, BLOCK_BYTES, TIB)
-            ps_c = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-            sc_b = _load_scale(kv_scale_ptr, ps_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-            _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
-                      NEXT_N_PAD, H, CLEAN)
-            ps_b = ps_c
-            sc_a = sc_b
     else:
         for s0 in range(s_lo, c_hi, BLOCK_N):
             phys = _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB)
@@ -344,11 +329,10 @@ def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constex
 
 
 # Decode configurations (same keys as above, plus PREFETCH: 0 = Triton's pipeliner for everything
-# it can (the scales, feeding no dot, stay synchronous); 1 = the scales and the block-table entries
-# they need loaded by hand one tile ahead, the keys through the pipeliner; 2 = keys, scales and
-# table entries all by hand, one tile ahead, in registers; 3 = (tiles inside one block, else 0) the
-# span's table entries loaded before the loop, keys through the pipeliner num_stages - 1 deep,
-# scales by hand; and MAXNREG, a per-thread register cap (None: the compiler's choice), applied only
+# it can (the scales, feeding no dot, stay synchronous); 2 = keys, scales and table entries all by
+# hand, one tile ahead, in registers; 3 = (tiles inside one block, else 0) the span's table entries
+# loaded before the loop, keys through the pipeliner num_stages - 1 deep, scales by hand (1, the
+# scales by hand with indirect key addresses, was dropped after 3 replaced it); and MAXNREG, a per-thread register cap (None: the compiler's choice), applied only
 # where the dot's accumulator takes at most half of it). Chosen by `bench_mqa_logits.py --sweep`
 # on an H200 (2026-12-01, B=64, contexts 32K-128K; BENCHMARKS.md has the rows):
 #   block size a multiple of 64: PREFETCH 3, span 1024: next_n 1 0.202 ms (3271 GB/s), next_n 2
@@ -396,7 +380,9 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     acc_regs = cfg["BLOCK_N"] * triton.next_power_of_2(next_n) * H // (32 * num_warps)  # the dot's fp32 result
     if maxnreg is not None and acc_regs <= maxnreg // 2 and not interpreter_on():
         cfg["maxnreg"] = maxnreg  # a cap that would squeeze the accumulator (next_n 4) is not applied
-    cfg["PREFETCH"] = int(cfg.get("PREFETCH", 1))
+    cfg["PREFETCH"] = int(cfg.get("PREFETCH", 0))
+    if cfg["PREFETCH"] not in (0, 2, 3):
+        raise ValueError(f"paged logits config: PREFETCH must be 0, 2 or 3, got {cfg['PREFETCH']}")
     if cfg["PREFETCH"] == 3 and bs % cfg["BLOCK_N"]:
         cfg["PREFETCH"] = 0  # the span's table up front needs tiles inside one block
     cfg["NT"] = triton.next_power_of_2(triton.cdiv(cfg["SPAN"], bs))  # table entries of one span (PREFETCH 3)
