@@ -323,6 +323,18 @@ def test_paged_kernel_configs(cfg):
     assert_logits_match(out, fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
 
 
+@pytest.mark.parametrize("span", [48, 80, 128])
+def test_paged_table_ahead_spans_across_blocks(span):
+    """PREFETCH 3 with spans that start and end inside blocks (span not a multiple of the block size)."""
+    g = gen(15)
+    lens, bs, next_n = [300, 129, 64, 5], 64, 2
+    q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, True, 64, g, max_len=310)
+    out = poison_(torch.empty(len(lens) * next_n, max_len, device=DEVICE))
+    K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out,
+                                  config=dict(BLOCK_N=16, SPAN=span, PREFETCH=3))
+    assert_logits_match(out, fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
+
+
 def test_paged_config_rejects_unknown_prefetch():
     g = gen(14)
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case([20], 16, 1, True, 64, g, max_len=20)

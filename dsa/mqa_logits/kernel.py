@@ -241,17 +241,18 @@ def _paged_mqa_logits_kernel(
         # before the loop, so no load feeds a key address (each tile picks its entry from registers) and
         # Triton's pipeliner keeps num_stages - 1 key tiles in flight; the scales (no dot) by hand, one
         # tile ahead.
+        blk_lo = s_lo // BS  # the span may start inside a block (then NT covers one more entry)
         offs_t = tl.arange(0, NT)
-        blk_t = s_lo // BS + offs_t
+        blk_t = blk_lo + offs_t
         tab = tl.load(bt_row + blk_t, mask=(blk_t * BS < c_hi) & (blk_t < max_blocks), other=-1)
         zero_n = tl.zeros_like(offs_n)
         sc_a = _load_scale(kv_scale_ptr, _pick(tab, offs_t, 0) + zero_n, s_lo, offs_n, c_hi, num_blocks, BS, D,
                            BLOCK_BYTES, TIB)
         for s0 in range(s_lo, c_hi, BLOCK_N):
-            k = _load_k(kv_ptr, _pick(tab, offs_t, (s0 - s_lo) // BS) + zero_n, s0, offs_n, c_hi, num_blocks, BS, D,
+            k = _load_k(kv_ptr, _pick(tab, offs_t, s0 // BS - blk_lo) + zero_n, s0, offs_n, c_hi, num_blocks, BS, D,
                         BLOCK_BYTES, TIB)
-            sc_b = _load_scale(kv_scale_ptr, _pick(tab, offs_t, (s0 + BLOCK_N - s_lo) // BS) + zero_n, s0 + BLOCK_N,
-                               offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
+            sc_b = _load_scale(kv_scale_ptr, _pick(tab, offs_t, (s0 + BLOCK_N) // BS - blk_lo) + zero_n,
+                               s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             _tile_out(tl.dot(k, qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
             sc_a = sc_b
@@ -385,7 +386,8 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
         raise ValueError(f"paged logits config: PREFETCH must be 0, 2 or 3, got {cfg['PREFETCH']}")
     if cfg["PREFETCH"] == 3 and bs % cfg["BLOCK_N"]:
         cfg["PREFETCH"] = 0  # the span's table up front needs tiles inside one block
-    cfg["NT"] = triton.next_power_of_2(triton.cdiv(cfg["SPAN"], bs))  # table entries of one span (PREFETCH 3)
+    # table entries one span meets (PREFETCH 3): one more when spans do not start on block boundaries
+    cfg["NT"] = triton.next_power_of_2(triton.cdiv(cfg["SPAN"], bs) + (1 if cfg["SPAN"] % bs else 0))
     kv = cache_blocks.view(torch.float8_e4m3fn)
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
     grid = (triton.cdiv(max_context_len, cfg["SPAN"]), B)
