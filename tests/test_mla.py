@@ -218,10 +218,11 @@ def test_kernel_topk_tails(topk, kv_format):
     assert_matches(got, want, vmax, f"topk={topk} {kv_format}")
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 5])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 11])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_kernel_split_k(num_splits, kv_format):
-    """The split-K path (partials + combine) with topk_length, sink and empty rows, forced on and off."""
+    """The split-K path (partials + combine) with topk_length, sink and empty rows, forced on and off; 11 asks
+    for more splits than the merge loads at once (fp8: 10 splits of 32 rows; bf16 clamps to its 5 tiles)."""
     q, kv, idx, sm, sink, tl_ = make_case(4, 16, 300, 400, kv_format, seed=10 + num_splits, empty_rows=(3,),
                                           with_len=True, with_sink=True)
     tl_[0] = 300

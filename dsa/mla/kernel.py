@@ -232,20 +232,23 @@ def _sparse_mla_combine_kernel(
     out_ptr, stride_ot, stride_oh,
     ml_ptr, lse_ptr,
     T, h_q, num_splits,
-    BLOCK_H: tl.constexpr, NS_PAD: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
+    BLOCK_H: tl.constexpr, NS_PAD: tl.constexpr, SB: tl.constexpr, D: tl.constexpr, DC: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
+    """Merge the split partials of ``BLOCK_H`` heads of one token over ``DC`` of the ``D`` output columns
+    (program axis 2), ``SB`` splits per load (one memory round trip for up to SB splits); the program of the
+    first column chunk also writes lse and max_logits."""
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs_h < h_q
+    d_chunk = tl.program_id(2)
     offs_s = tl.arange(0, NS_PAD)
-    offs_d = tl.arange(0, D)
     th = T * h_q
     part = offs_s[:, None].to(tl.int64) * th + t * h_q + offs_h[None, :]
     pmask = (offs_s[:, None] < num_splits) & hmask[None, :]
     lse_s = tl.load(lse_part_ptr + part, mask=pmask, other=float("-inf"))
-    ml_s = tl.load(ml_part_ptr + part, mask=pmask, other=float("-inf"))
     m = tl.max(lse_s, 0)
     empty = m == float("-inf")
     m_use = tl.where(empty, 0.0, m)
@@ -254,18 +257,25 @@ def _sparse_mla_combine_kernel(
     if HAS_SINK:
         sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
         denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_use))
-    sumw_safe = tl.where(empty, 1.0, sumw)
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
-    for s in range(num_splits):
-        off = s * th + t * h_q + offs_h
-        w = tl.exp2(tl.load(lse_part_ptr + off, mask=hmask, other=float("-inf")) - m_use)
-        o = tl.load(o_part_ptr + off[:, None] * D + offs_d[None, :], mask=hmask[:, None], other=0.0)
-        acc += w[:, None] * o
+    offs_d = d_chunk * DC + tl.arange(0, DC)
+    offs_sb = tl.arange(0, SB)
+    acc = tl.zeros([BLOCK_H, DC], tl.float32)
+    for s0 in range(0, num_splits, SB):
+        sp = s0 + offs_sb
+        off = sp[:, None].to(tl.int64) * th + t * h_q + offs_h[None, :]  # [SB, BLOCK_H]
+        ok = (sp[:, None] < num_splits) & hmask[None, :]
+        w = tl.exp2(tl.load(lse_part_ptr + off, mask=ok, other=float("-inf")) - m_use[None, :])
+        o = tl.load(o_part_ptr + off[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+        acc += tl.sum(w[:, :, None] * o, 0)
     o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, (acc * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-    tl.store(lse_ptr + t * h_q + offs_h, tl.where(empty, float("inf"), (m_use + tl.log2(sumw_safe)) * LN2), mask=hmask)
-    tl.store(ml_ptr + t * h_q + offs_h, tl.where(empty, float("-inf"), tl.max(ml_s, 0) * LN2), mask=hmask)
+    if d_chunk == 0:
+        ml_s = tl.load(ml_part_ptr + part, mask=pmask, other=float("-inf"))
+        sumw_safe = tl.where(empty, 1.0, sumw)
+        tl.store(lse_ptr + t * h_q + offs_h, tl.where(empty, float("inf"), (m_use + tl.log2(sumw_safe)) * LN2),
+                 mask=hmask)
+        tl.store(ml_ptr + t * h_q + offs_h, tl.where(empty, float("-inf"), tl.max(ml_s, 0) * LN2), mask=hmask)
 
 
 def block_h_for(h_q: int) -> int:
@@ -375,9 +385,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     _sparse_mla_fwd_kernel[(T * n_hg, num_splits)](
         *args_in, o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part,
         T, h_q, S, topk, split_len, scale_log2, SPLIT=True, **common)
-    cb = 16
-    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cb))](
+    # merge: narrow programs (4 heads x 128 columns) so that even one token's partials are read by many SMs
+    # at once; each program loads up to 8 splits per memory round trip
+    cb, dc = 4, 128
+    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cb), triton.cdiv(d_v, dc))](
         o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
         max_logits, lse, T, h_q, num_splits,
-        BLOCK_H=cb, NS_PAD=triton.next_power_of_2(num_splits), D=d_v, HAS_SINK=has_sink, num_warps=4)
+        BLOCK_H=cb, NS_PAD=triton.next_power_of_2(num_splits), SB=min(8, triton.next_power_of_2(num_splits)),
+        D=d_v, DC=dc, HAS_SINK=has_sink, num_warps=4)
     return out, max_logits, lse
