@@ -69,6 +69,14 @@ def mla_small_h_fp8():
     return out
 
 
+def mla_decode_defaults():
+    """Decode at the default configuration only: small head groups at batch 1-128 and h_q 128 at batch 1, s_q 2."""
+    shapes = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
+              for b in (1, 32, 64, 128)]
+    shapes.append(("mla_fp8_ds_mla_h128_b1_sq2", (1, 2, 128, 32768, "fp8_ds_mla")))
+    return [dict(group="mla_decode_defaults", shape=name, args=args, cfg={}, ns=None) for name, args in shapes]
+
+
 def mla_large_h():
     out = []
     cfgs = [dict(block_n=bn, num_stages=st, num_warps=8) for bn, st in itertools.product((32, 64), (1, 2, 3))]
@@ -101,7 +109,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls
