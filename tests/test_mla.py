@@ -199,6 +199,16 @@ def run_both(q, kv, idx, sm, sink, tl_, *, num_splits=None, poison=True):
     return got, want, max_abs_v(kv, idx, flat.shape[0])
 
 
+@pytest.mark.parametrize("T", [4, 20])
+def test_merge_forms(T):
+    """Both forms of the split merge: narrow programs (T * h_q <= 256) and 16-head, all-column ones."""
+    q, kv, idx, sm, sink, tl_ = make_case(T, 16, 200, 300, "fp8_ds_mla", seed=40 + T, empty_rows=(1,),
+                                          with_len=True, with_sink=True)
+    got, want, vmax = run_both(q, kv, idx, sm, sink, tl_, num_splits=3)
+    assert_matches(got, want, vmax, f"T={T}")
+    assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all()
+
+
 @pytest.mark.parametrize("h_q", [8, 16, 24, 32, 64, 72, 128])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_kernel_heads(h_q, kv_format):
