@@ -236,8 +236,8 @@ def _sparse_mla_combine_kernel(
     HAS_SINK: tl.constexpr,
 ):
     """Merge the split partials of ``BLOCK_H`` heads of one token over ``DC`` of the ``D`` output columns
-    (program axis 2), ``SB`` splits per load (one memory round trip for up to SB splits); the program of the
-    first column chunk also writes lse and max_logits."""
+    (program axis 2), ``SB`` splits per load (one memory round trip for up to SB splits; SB = 1: the plain
+    loop over splits); the program of the first column chunk also writes lse and max_logits."""
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
     t = tl.program_id(0).to(tl.int64)
@@ -259,15 +259,22 @@ def _sparse_mla_combine_kernel(
         denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_use))
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
     offs_d = d_chunk * DC + tl.arange(0, DC)
-    offs_sb = tl.arange(0, SB)
     acc = tl.zeros([BLOCK_H, DC], tl.float32)
-    for s0 in range(0, num_splits, SB):
-        sp = s0 + offs_sb
-        off = sp[:, None].to(tl.int64) * th + t * h_q + offs_h[None, :]  # [SB, BLOCK_H]
-        ok = (sp[:, None] < num_splits) & hmask[None, :]
-        w = tl.exp2(tl.load(lse_part_ptr + off, mask=ok, other=float("-inf")) - m_use[None, :])
-        o = tl.load(o_part_ptr + off[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
-        acc += tl.sum(w[:, :, None] * o, 0)
+    if SB == 1:
+        for s in range(num_splits):
+            off = s * th + t * h_q + offs_h
+            w = tl.exp2(tl.load(lse_part_ptr + off, mask=hmask, other=float("-inf")) - m_use)
+            o = tl.load(o_part_ptr + off[:, None] * D + offs_d[None, :], mask=hmask[:, None], other=0.0)
+            acc += w[:, None] * o
+    else:
+        offs_sb = tl.arange(0, SB)
+        for s0 in range(0, num_splits, SB):
+            sp = s0 + offs_sb
+            off = sp[:, None].to(tl.int64) * th + t * h_q + offs_h[None, :]  # [SB, BLOCK_H]
+            ok = (sp[:, None] < num_splits) & hmask[None, :]
+            w = tl.exp2(tl.load(lse_part_ptr + off, mask=ok, other=float("-inf")) - m_use[None, :])
+            o = tl.load(o_part_ptr + off[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+            acc += tl.sum(w[:, :, None] * o, 0)
     o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, (acc * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
     if d_chunk == 0:
@@ -388,8 +395,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         T, h_q, S, topk, split_len, scale_log2, SPLIT=True, **common)
     # merge: with few (token, head) pairs (batch-1 decode) narrow programs (4 heads x 128 columns, up to 8
     # splits per memory round trip) so that the partials are read by many SMs at once (H200, s_q 1, CUDA
-    # graphs: h_q 16 fp8 24.9 -> 20.6 us, bf16 18.1 -> 15.4); with more pairs, 16 heads x all columns and
-    # one split per load (narrow programs were up to 24% slower there)
+    # graphs: h_q 16 fp8 24.9 -> 20.4 us, bf16 18.1 -> 15.3); with more pairs, 16 heads x all columns and
+    # one split per load, as before (narrow programs were up to 24% slower there)
     narrow = T * h_q <= _NARROW_MERGE_PAIRS
     cb, dc, sb = (4, 128, min(8, triton.next_power_of_2(num_splits))) if narrow else (16, d_v, 1)
     _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cb), triton.cdiv(d_v, dc))](
