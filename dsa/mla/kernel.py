@@ -21,7 +21,8 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
   so the raw bytes and scales of the next tile are loaded by hand while the current one is used.
 * Work split: when ``T * ceil(h_q / BLOCK_H)`` programs cannot fill the GPU (decode), the index
   list is cut into ``num_splits`` chunks handled by separate programs which write partial
-  (normalised out, lse, max) in fp32; a small second kernel merges them by lse. The caller's
+  (normalised out, lse, max) in fp32; a small second kernel merges them by lse (for a few tokens in
+  narrow programs, 4 heads x 128 columns, so that many SMs read the partials at once). The caller's
   arguments are the same either way.
 
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
