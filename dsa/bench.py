@@ -365,6 +365,11 @@ MLA_SHAPES = {
     "decode_fp8_h16": (256, 16, 2048, 128, 32768, "fp8_ds_mla"),
     "decode_bf16_h128": (256, 128, 2048, 128, 32768, "bf16"),
     "decode_fp8_h128_b1": (2, 128, 2048, 1, 65536, "fp8_ds_mla"),
+    # the small-head goals: prefill at TP4/TP8 head counts, decode latency at batch 1 and batch 64 (s_q 1)
+    "prefill_bf16_h32": (4096, 32, 2048, 1, 131072, "bf16"),
+    "prefill_bf16_h16": (4096, 16, 2048, 1, 131072, "bf16"),
+    "decode_fp8_h16_b1": (1, 16, 2048, 1, 32768, "fp8_ds_mla"),
+    "decode_fp8_h16_b64": (64, 16, 2048, 64, 32768, "fp8_ds_mla"),
 }
 MLA_QUICK = {
     "prefill_bf16_h128": (1024, 128, 2048, 1, 131072, "bf16"),
