@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call that checks and measures everything (about 5-6 minutes on an H200):
+# One device call that checks and measures everything (248 s on an H200 at 1f192b3, before dsa bench had the
+# small-head rows):
 #   1. the whole test suite with the GPU shapes (pytest-xdist and hypothesis carried as wheels
 #      in .whl/ when the machine lacks them; see the device tool's README),
 #   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode),
