@@ -55,12 +55,13 @@ eagerly, host-side validation and two launches add 50-80 us.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from ..backend import interpreter_on
 
 MAX_K = 8192  # largest supported k (register tiles of up to 16384 candidates)
 _MAX_MERGE_TILE = 16384  # SPLITS * next_pow2(k) candidates held by one merge program
@@ -494,7 +495,7 @@ def _num_sms(device: torch.device) -> int:
 
 def _ptx_ok(device: torch.device) -> bool:
     """Whether kernels may use inline PTX: a CUDA device, compiled (not the CPU interpreter)."""
-    return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+    return device.type == "cuda" and torch.version.hip is None and not interpreter_on()
 
 
 def _alignment(logits: torch.Tensor) -> int:
