@@ -542,3 +542,28 @@ def test_gpu_paged_configs(cfg, bs, next_n):
     out = poison_(torch.empty(len(lens) * next_n, max_len, device=DEVICE))
     K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out, config=cfg)
     assert_logits_match(out, fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
+
+
+@pytest.mark.parametrize("bs,block_n,span", [(1, 16, 32), (16, 16, 48), (64, 32, 64)])
+def test_gather_ceiling_walk(bs, block_n, span):
+    """benchmarks/gather_ceiling.py's read-only walk (the access-pattern ceiling it reports must come
+    from a kernel that reads exactly the keys the logits kernel reads): per key, the sum of its 128
+    bytes times its scale, against PyTorch; NaN in unused slots never read, nothing past a request's
+    context written."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from gather_ceiling import touch
+
+    g = gen(16)
+    lens = [70, 5, 33]
+    cache, bt, keys, scales = build_paged(lens, bs, g)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    max_len = 80
+    out = poison_(torch.empty(len(lens), max_len, device=DEVICE))
+    touch(cache, ctx, bt, max_len, out, block_n, span)
+    for b, L in enumerate(lens):
+        want = keys[b].view(torch.uint8).to(torch.int32).sum(1).float() * scales[b]
+        torch.testing.assert_close(out[b, :L].cpu(), want, rtol=1e-6, atol=0)
+        assert out[b, L:].isnan().all()  # still the poison: nothing written past the context
