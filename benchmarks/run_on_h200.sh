@@ -3,9 +3,11 @@
 # small-head rows):
 #   1. the whole test suite with the GPU shapes (pytest-xdist and hypothesis carried as wheels
 #      in .whl/ when the machine lacks them; see the device tool's README),
-#   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode),
-#   3. the same workload on the PyTorch reference backend (shorter decode: the report's
-#      per-step numbers are what compare),
+#   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode), first with an empty
+#      Triton cache (its report counts the kernel variants compiled inside the timed run: 0 when the
+#      warm-up covered them), then again,
+#   3. the same workload on the PyTorch reference backend (shorter decode, no warm-up: nothing to
+#      compile; the report's per-step numbers are what compare),
 #   4. `dsa bench` at the goal shapes, with a plot (BENCH_ARGS picks a subset, e.g. "--kernels topk").
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
@@ -20,11 +22,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 N=${WORKERS:-8}
 timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
   > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
+TRITON_CACHE_DIR=/tmp/triton_cache_empty timeout 200 python3 -m dsa run --no-progress > "$OUT/run_triton_cold.txt" 2>&1
+echo "run rc=$?" >> "$OUT/run_triton_cold.txt"
 timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
-timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 > "$OUT/run_reference.txt" 2>&1
+timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 --warmup off > "$OUT/run_reference.txt" 2>&1
 echo "run rc=$?" >> "$OUT/run_reference.txt"
 timeout 240 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
 echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
+echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
 echo "== dsa run";   cat "$OUT/run_triton.txt"
 echo "== reference"; tail -25 "$OUT/run_reference.txt"
 echo "== bench";     tail -50 "$OUT/bench.txt"

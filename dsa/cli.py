@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"], help="decode steps as CUDA graphs")
     r.add_argument("--no-stages", action="store_true", help="no per-stage timing")
     r.add_argument("--warmup", default="auto", choices=["auto", "on", "off"],
-                   help="run the shortest and longest prompt first, untimed (auto: on a GPU)")
+                   help="run the workload once first, untimed, so that Triton compiles there (auto: on a GPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--check", action="store_true", help="re-run sampled steps on the PyTorch reference backend")

@@ -47,6 +47,37 @@ def test_run_reference_text_report(capsys):
         assert word in out
 
 
+def test_run_warmup_runs_the_workload_untimed(capsys):
+    """--warmup on: the workload runs once untimed first (its seconds reported apart); the timed run is
+    the same run as without it (same steps, same outputs), and the engine's blocks all come back."""
+    cold = _run(capsys, "--backend", "reference", "--warmup", "off")
+    warm = _run(capsys, "--backend", "reference", "--warmup", "on")
+    assert cold["warmup_seconds"] is None and warm["warmup_seconds"] > 0
+    assert warm["engine"]["steps"] == cold["engine"]["steps"] and warm["engine"]["blocks_all_returned"]
+    assert [r["output_len"] for r in warm["requests"]] == [r["output_len"] for r in cold["requests"]] == [3, 3, 3]
+    if DEVICE == "cpu":
+        assert warm["timed_compiles"] is None  # nothing is compiled under the interpreter: not counted
+
+
+def test_compile_counter_counts_and_chains():
+    """The timed run's count of first-launched kernel variants comes from Triton's cache hook: every
+    call counts, a hook set before keeps being called, and it is restored afterwards."""
+    from triton import knobs
+
+    from dsa.pipeline import _CompileCounter
+
+    calls = []
+    knobs.runtime.jit_cache_hook = lambda *a, **k: calls.append(k) or False
+    try:
+        prev = knobs.runtime.jit_cache_hook
+        with _CompileCounter() as c:
+            for i in range(3):
+                assert knobs.runtime.jit_cache_hook(key=i, fn=None) is False
+        assert c.count == 3 and len(calls) == 3 and knobs.runtime.jit_cache_hook is prev
+    finally:
+        knobs.runtime.jit_cache_hook = None
+
+
 def test_run_rejects_unservable_request_clearly(capsys):
     rep = _run(capsys, "--backend", "reference", "--num-blocks", "3", "--prompt-lens", "40,17,200",
                "--arrivals", "0,0,0")
