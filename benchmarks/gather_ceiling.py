@@ -1,6 +1,7 @@
-"""How fast can a kernel only READ the paged indexer cache, key by key, through the block table?
+"""How fast can a kernel only READ the caches the way the decode indexer and sparse MLA read them?
 
-    python benchmarks/gather_ceiling.py
+    python benchmarks/gather_ceiling.py            # both
+    python benchmarks/gather_ceiling.py indexer    # or: mla
 
 The decode logits goal counts 132 bytes per key. With block size 1 every key is its own
 132-byte block at a 4-byte-aligned address anywhere in the cache, so the DRAM sectors it
@@ -11,9 +12,17 @@ pipeliner) but only sums each key's bytes times its scale and writes 4 bytes per
 no heads. Its GB/s is the ceiling of the access pattern for a kernel built this way; the copy
 rate of a contiguous tensor of the same size (bytes read + written, the convention of the
 4.3 TB/s ceiling) is printed beside it.
+
+Sparse MLA (``mla``): one program per query token walks its index list in tiles of 64 gathered
+rows, as ``sparse_mla`` does, and only sums each row's 32-bit words (bf16 rows: 1152 bytes;
+fp8_ds_mla rows: 656 bytes), writing 4 bytes per row. Shapes: the prefill goal's (4096 tokens x
+2048 random rows of a 128K-row bf16 cache: 9.7 GB gathered, 151 MB distinct) and the fp8 decode
+goals' (64 and 256 tokens x 2048 rows of their own request's 32K rows). Its GB/s bounds any
+kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -59,6 +68,66 @@ def touch(blocks, ctx, bt, max_len, out, block_n=64, span=1024):
                         num_warps=4, num_stages=3)
 
 
+@triton.jit
+def _mla_touch_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_kv, stride_it, stride_o,
+                      WA: tl.constexpr, WB: tl.constexpr, WC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Per gathered row: the sum of its 32-bit words, read as WA + WB + WC words (WB = 0: none);
+    program (t, c) walks entries [c * chunk, (c + 1) * chunk) of token t's list."""
+    t = tl.program_id(0).to(tl.int64)
+    c0 = tl.program_id(1) * chunk
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(c0, tl.minimum(c0 + chunk, topk), BLOCK_N):
+        n = n0 + offs_n
+        idx = tl.load(idx_ptr + t * stride_it + n, mask=n < topk, other=-1)
+        ok = (idx >= 0) & (idx < S)
+        row = kv_ptr + tl.where(ok, idx, 0).to(tl.int64)[:, None] * stride_kv
+        v = tl.sum(tl.load(row + tl.arange(0, WA)[None, :], mask=ok[:, None], other=0), axis=1)
+        if WB > 0:
+            v += tl.sum(tl.load(row + WA + tl.arange(0, WB)[None, :], mask=ok[:, None], other=0), axis=1)
+        v += tl.sum(tl.load(row + WA + WB + tl.arange(0, WC)[None, :], mask=ok[:, None], other=0), axis=1)
+        tl.store(out_ptr + t * stride_o + n, v, mask=n < topk)
+
+
+def mla_touch(kv, idx, out, block_n=64, num_stages=3, splits=1):
+    """``kv`` [S, 576] bf16 or [S, 656] uint8 rows; ``idx`` [T, topk] int32 (invalid: < 0 or >= S);
+    ``out`` [T, topk] int32: per row the wrapping sum of its 32-bit words (0 for invalid entries).
+    ``splits`` programs per token, each walking one chunk of its list (as sparse_mla's split-K)."""
+    words = kv.view(torch.int32)
+    wa, wb, wc = (256, 0, 32) if kv.dtype == torch.bfloat16 else (128, 4, 32)
+    assert words.shape[1] == wa + wb + wc
+    topk = idx.shape[1]
+    chunk = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
+    _mla_touch_kernel[(idx.shape[0], triton.cdiv(topk, chunk))](
+        words, idx, out, kv.shape[0], topk, chunk, words.stride(0), idx.stride(0), out.stride(0), WA=wa, WB=wb, WC=wc,
+        BLOCK_N=block_n, num_warps=4, num_stages=num_stages)
+
+
+def main_mla():
+    from dsa.bench import mla_inputs
+
+    dev = "cuda"
+    rows = []
+    cases = {"prefill bf16": (4096, 2048, 1, 131072, "bf16", (1,)),
+             "decode fp8, 64 tokens": (64, 2048, 64, 32768, "fp8_ds_mla", (8, 16, 32)),
+             "decode bf16, 64 tokens": (64, 2048, 64, 32768, "bf16", (8, 16, 32)),
+             "decode fp8, 256 tokens": (256, 2048, 128, 32768, "fp8_ds_mla", (2, 4, 8))}
+    for name, (T, topk, nreq, s_kv, fmt, split_list) in cases.items():
+        _, kv, idx = mla_inputs(T, 16, topk, nreq, s_kv, fmt, dev=dev)
+        flat = kv.reshape(-1, kv.shape[-1])
+        out = torch.empty(T, topk, dtype=torch.int32, device=dev)
+        nbytes = float(T * topk * flat.shape[1] * flat.element_size())
+        best = None
+        for (bn, st), sp in itertools.product(((64, 3), (64, 1), (32, 2), (16, 3)), split_list):
+            ms = triton.testing.do_bench(lambda: mla_touch(flat, idx, out, bn, st, sp), warmup=25, rep=100,
+                                         return_mode="median")
+            if best is None or ms < best[2]:
+                best = (name, f"tile {bn}, {st} stages, {sp} splits", ms, nbytes / ms / 1e6)
+        rows.append(best)
+    print(f"{'sparse MLA gather (best)':<26} {'kernel':<40} {'ms':>8} {'GB/s':>7} {'% of copy':>9}")
+    for name, kern, ms, gbs in rows:
+        print(f"{name:<26} {kern:<40} {ms:8.4f} {gbs:7.0f} {100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%")
+
+
 def main():
     dev = "cuda"
     rows = []
@@ -87,4 +156,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    which = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if which in ("both", "indexer"):
+        main()
+    if which in ("both", "mla"):
+        main_mla()

@@ -6,6 +6,7 @@ them one by one in this process (CUDA-graph replays for the microsecond kernels)
 Groups (shapes x configs):
   mla_small_h   sparse MLA decode, s_q 1, topk 2048, 32K context per request, h_q 16/32, fp8_ds_mla and
                 bf16 caches, batch 1/32/64/128; grid block_n x num_stages x num_warps x num_splits
+  mla_prefill_small_h  sparse MLA bf16 prefill h_q 32/16 (tile x warps x stages); prefill with sorted index lists
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -88,6 +89,22 @@ def mla_large_h():
     return out
 
 
+def mla_prefill_small_h():
+    """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
+    prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
+    out = []
+    cfgs = [dict(block_n=bn, num_warps=w, num_stages=st) for bn, w, st in
+            itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)) if not (bn == 128 and st == 4)]
+    for h in (32, 16):
+        for cfg in [{}] + cfgs:
+            out.append(dict(group="mla_prefill_small_h", shape=f"mla_bf16_prefill_h{h}", args=(1, 4096, h, 131072, "bf16"),
+                            cfg=cfg, ns=None))
+    for h in (128, 32, 16):
+        out.append(dict(group="mla_prefill_small_h", shape=f"mla_bf16_prefill_h{h}_sorted",
+                        args=(1, 4096, h, 131072, "bf16", True), cfg={}, ns=None))
+    return out
+
+
 def topk_decode():
     out = []
     for M, N in ((64, 32768), (64, 131072), (8, 65536)):
@@ -109,23 +126,25 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls
 _CACHE = {}
 
 
-def mla_case(b, s_q, h, s_kv, fmt, tiny=False):
+def mla_case(b, s_q, h, s_kv, fmt, sort=False, tiny=False):
     from dsa.bench import mla_inputs
 
-    key = ("mla", b, s_q, h, s_kv, fmt, tiny)
+    key = ("mla", b, s_q, h, s_kv, fmt, sort, tiny)
     if key not in _CACHE:
         _CACHE.clear()
         if DEV == "cuda":
             torch.cuda.empty_cache()
         T, topk, nreq, skv = (2, 128, 1, 256) if tiny else (b * s_q, K, b, s_kv)
         q, kv, idx = mla_inputs(T, h, topk, nreq, skv, fmt, dev=DEV)
+        if sort:
+            idx = torch.sort(idx, dim=1).values
         flat = kv.reshape(-1, kv.shape[-1])
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device=DEV)
         _CACHE[key] = (q, flat, idx, out)

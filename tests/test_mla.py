@@ -421,3 +421,35 @@ def test_gpu_large(kv_format, shape):
     for ns in (1, 4):
         got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, num_splits=ns)
         assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format} ns={ns}")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
+def test_mla_gather_ceiling_walk(fmt):
+    """benchmarks/gather_ceiling.py's sparse-MLA walk (the bound it reports must come from reading exactly
+    the rows sparse_mla reads): per index entry the wrapping sum of the row's 32-bit words, 0 for -1 and
+    out-of-range entries (NaN-filled rows never read), every output written."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from gather_ceiling import mla_touch
+
+    g = torch.Generator().manual_seed(7)
+    S, T, topk = 300, 3, 100  # topk not a multiple of the tile
+    if fmt == "bf16":
+        kv = torch.randn(S, 576, generator=g).to(torch.bfloat16)
+    else:
+        kv = torch.randint(0, 256, (S, 656), generator=g, dtype=torch.uint8)
+    kv[S - 20:] = 0xFF if fmt != "bf16" else float("nan")  # unused slots, never referenced
+    idx = torch.randint(0, S - 20, (T, topk), generator=g, dtype=torch.int32)
+    idx[0, 5] = -1
+    idx[1, 7] = S + 3
+    idx[2, 90:] = -1
+    kv, idx = kv.to(DEVICE), idx.to(DEVICE)
+    out = torch.full((T, topk), -12345, dtype=torch.int32, device=DEVICE)
+    mla_touch(kv, idx, out, block_n=32, num_stages=2, splits=2)
+    words = kv.view(torch.int32).cpu().long()
+    ok = (idx >= 0) & (idx < S)
+    want = words[torch.where(ok, idx, 0).long().cpu()].sum(-1)
+    want = ((want + 2**31) % 2**32 - 2**31) * ok.cpu()
+    assert torch.equal(out.cpu().long(), want)
