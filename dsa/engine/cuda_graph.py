@@ -135,17 +135,35 @@ class DecodeGraphRunner:
         return md
 
     # -- the fast path (fp8 indexer): the whole static metadata in two packed buffers -------------
+    @staticmethod
+    def _packed_layout(B: int, MB: int) -> tuple:
+        """(int32 field sizes, their offsets, int32 total, int64 field size, its offsets, int64 total) of the
+        packed buffers of a bucket of ``B`` decodes: int32 [qsl B+1, seq_lens B, block table B x MB, req_id B,
+        sparse_seqlens B, prefill cu 1], int64 [last_token_index B, positions B, slot_mapping B]. Every field
+        starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, so aligned fields
+        keep every bucket on the same compiled variants."""
+        def place(sizes, per16):
+            offs, o = [], 0
+            for n in sizes:
+                offs.append(o)
+                o += -(-n // per16) * per16
+            return offs, o
+
+        n32 = [B + 1, B, B * MB, B, B, 1]
+        o32, t32 = place(n32, 4)
+        o64, t64 = place([B, B, B], 2)
+        return n32, o32, t32, B, o64, t64
+
     def _packed(self, bucket: int) -> StepMetadata:
         """A static :class:`StepMetadata` of ``bucket`` decodes whose tensors are views of one int32
         and one int64 device buffer (refreshed by two host-to-device copies per step)."""
         B, MB, dev = bucket, self.max_blocks, self.device
-        n32 = (B + 1) + B + B * MB + B + B + 1
-        i32 = torch.zeros(n32, dtype=torch.int32, device=dev)
-        i64 = torch.zeros(3 * B, dtype=torch.int64, device=dev)
-        cuts = [B + 1, B, B * MB, B, B, 1]
-        qsl, seq, bt, req, sps, pcu = torch.split(i32, cuts)
+        n32, o32, t32, n64, o64, t64 = self._packed_layout(B, MB)
+        i32 = torch.zeros(t32, dtype=torch.int32, device=dev)
+        i64 = torch.zeros(t64, dtype=torch.int64, device=dev)
+        qsl, seq, bt, req, sps, pcu = (i32[o:o + n] for o, n in zip(o32, n32))
         bt = bt.view(B, MB)
-        last, pos, slots = torch.split(i64, [B, B, B])
+        last, pos, slots = (i64[o:o + n64] for o in o64)
         m = self.model
         md = StepMetadata(
             block_size=self.bs, index_topk=m.config.index_topk, next_n=1, order=list(range(B)), num_reqs=B,
@@ -155,8 +173,8 @@ class DecodeGraphRunner:
             max_decode_context_len=self.max_ctx, prefill_cu_seq_lens=pcu, prefill_block_table=bt[B:],
             num_prefill_keys=0, prefill_chunks=[])
         pin = dev.type == "cuda"
-        self._host[B] = (torch.empty(n32, dtype=torch.int32, pin_memory=pin),
-                         torch.empty(3 * B, dtype=torch.int64, pin_memory=pin), i32, i64)
+        self._host[B] = (torch.zeros(t32, dtype=torch.int32, pin_memory=pin),
+                         torch.zeros(t64, dtype=torch.int64, pin_memory=pin), i32, i64)
         return md
 
     def _fill_packed(self, specs: list, bucket: int) -> None:
@@ -173,8 +191,14 @@ class DecodeGraphRunner:
                                  f"{MB} (max_model_len)")
             bt += b + [-1] * (MB - len(b))
         slots = [blocks[j][(L - 1) // bs] * bs + (L - 1) % bs for j, L in enumerate(lens)]
-        a32 = list(range(B + 1)) + lens + bt + list(range(B)) + [min(L, K) for L in lens] + [0]
-        a64 = list(range(B)) + [L - 1 for L in lens] + slots
+        f32 = [list(range(B + 1)), lens, bt, list(range(B)), [min(L, K) for L in lens], [0]]
+        f64 = [list(range(B)), [L - 1 for L in lens], slots]
+        _, o32, t32, _, o64, t64 = self._packed_layout(B, MB)
+        a32, a64 = [0] * t32, [0] * t64
+        for o, v in zip(o32, f32):
+            a32[o:o + len(v)] = v
+        for o, v in zip(o64, f64):
+            a64[o:o + len(v)] = v
         evt = self._copied.get(bucket)
         if evt is not None:
             evt.synchronize()  # the previous copy out of the host buffers is done (normally long ago)

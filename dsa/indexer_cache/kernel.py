@@ -32,7 +32,7 @@ CONFIG_SWEEP = {
 }
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens", "n_slots"])
 def _indexer_k_quant_kernel(
     k_ptr, slot_ptr, val_ptr, scale_ptr,
     n_tokens, n_slots, block_size,
@@ -58,7 +58,7 @@ def _indexer_k_quant_kernel(
     tl.store(scale_ptr + blk * stride_sb + off, scale, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_out", "n_req", "num_blocks", "bt_width", "stride_bt"])
 def _gather_indexer_k_kernel(
     val_ptr, scale_ptr, bt_ptr, cu_ptr, out_k_ptr, out_s_ptr,
     n_out, n_req, num_blocks, block_size, bt_width,

@@ -80,7 +80,7 @@ def _sylvester(D: tl.constexpr):
     return (1.0 - 2.0 * (p & 1).to(tl.float32)).to(tl.bfloat16)  # via fp32: the interpreter's int->bf16 cast is wrong
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_items"])
 def _prep_q_kernel(
     q_ptr, cos_ptr, sin_ptr, w_ptr,
     qo_ptr, wo_ptr, so_ptr,
@@ -120,7 +120,7 @@ def _prep_q_kernel(
         item += nprog
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "n_items"])
 def _prep_k_kernel(
     k_ptr, cos_ptr, sin_ptr, ko_ptr,
     T, n_items,

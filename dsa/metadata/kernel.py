@@ -28,7 +28,7 @@ from ..backend import interpreter_on
 INT32_MAX = 2**31 - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_blocks", "num_reqs", "out_numel", "bt_stride0"])
 def _convert_req_index_kernel(
     req_id_ptr,  # int32 [T]
     bt_ptr,  # int32 [R, max_blocks] (strided)
@@ -141,7 +141,7 @@ def convert_req_index_to_global_index_triton(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "R"])
 def _sparse_seqlen_kernel(
     qsl_ptr,  # int32 [R + 1]
     seq_lens_ptr,  # int32 [R]

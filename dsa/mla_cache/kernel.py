@@ -46,7 +46,7 @@ CONFIG_SWEEP = {
 }
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens", "n_slots"])
 def _mla_cache_write_kernel(
     ckv_ptr, kpe_ptr, slot_ptr,
     val_ptr, scale_ptr, rope_ptr,
