@@ -58,7 +58,10 @@ def _indexer_k_quant_kernel(
     tl.store(scale_ptr + blk * stride_sb + off, scale, mask=ok)
 
 
-@triton.jit(do_not_specialize=["n_out", "n_req", "num_blocks", "bt_width", "stride_bt"])
+# sizes and the metadata pointers (read one entry at a time: their alignment buys nothing) are not specialised,
+# so the prefill block table may be a view at any row of the step's table and still take the same compiled kernel
+@triton.jit(do_not_specialize=["n_out", "n_req", "num_blocks", "bt_width", "stride_bt"],
+            do_not_specialize_on_alignment=["bt_ptr", "cu_ptr"])
 def _gather_indexer_k_kernel(
     val_ptr, scale_ptr, bt_ptr, cu_ptr, out_k_ptr, out_s_ptr,
     n_out, n_req, num_blocks, block_size, bt_width,

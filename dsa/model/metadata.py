@@ -211,10 +211,7 @@ def build_step_metadata(
         sparse_seqlens=generate_sparse_seqlen(query_start_loc, seq_lens_t, index_topk, num_tokens=T, backend=backend),
         decode_context_lens=seq_lens_t[:nb], decode_block_table=block_table[:nb],
         max_decode_context_len=max(seq_lens[:nb], default=0),
-        prefill_cu_seq_lens=torch.tensor(cu, **i32),
-        # a copy, not a view at row nb: its own 16-byte-aligned allocation keeps the kernels reading it on one
-        # compiled variant whatever the number of decodes (Triton specialises on pointer alignment)
-        prefill_block_table=block_table[nb:].clone(),
+        prefill_cu_seq_lens=torch.tensor(cu, **i32), prefill_block_table=block_table[nb:],
         num_prefill_keys=n_keys, prefill_chunks=chunks,
     )
     if num_slots is not None:
