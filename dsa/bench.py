@@ -359,6 +359,7 @@ def topk_suite(size="full", sweep=False, dev="cuda", baseline=True, log=print) -
 MLA_SHAPES = {
     # name: (T, h_q, topk, num_req, s_kv, kv_format)
     "prefill_bf16_h128": (4096, 128, 2048, 1, 131072, "bf16"),
+    "prefill_bf16_h64": (4096, 64, 2048, 1, 131072, "bf16"),
     "decode_fp8_h128": (256, 128, 2048, 128, 32768, "fp8_ds_mla"),
     "decode_fp8_h64": (256, 64, 2048, 128, 32768, "fp8_ds_mla"),
     "decode_fp8_h32": (256, 32, 2048, 128, 32768, "fp8_ds_mla"),
@@ -382,7 +383,9 @@ MLA_SMOKE = {
 }
 # alternative launch configs timed with --sweep: (config overrides, num_splits or None)
 MLA_SWEEP = {
-    "prefill_bf16_h128": [(dict(num_stages=2), None), (dict(block_n=32, num_stages=4), None)],
+    "prefill_bf16_h128": [(dict(gluon=False), None), (dict(gluon=False, num_stages=2), None)],
+    "prefill_bf16_h64": [(dict(gluon=False), None)],
+    "decode_bf16_h128": [(dict(gluon=False), None)],
     "decode_fp8_h128": [(dict(num_stages=1), None), (dict(num_stages=3), None), (dict(block_n=32, num_stages=3), None)],
     "decode_fp8_h32": [(dict(block_n=32, num_warps=4, num_stages=3), None), (dict(block_n=32, num_stages=3), None),
                        ({}, 2)],

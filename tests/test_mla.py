@@ -423,6 +423,86 @@ def test_gpu_large(kv_format, shape):
         assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format} ns={ns}")
 
 
+def _sm90_or_skip():
+    from dsa.mla import kernel_sm90
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("the Gluon sparse-MLA kernel is for sm_90")
+    return kernel_sm90
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    dict(T=3, H=64, topk=37, S=90, empty_rows=(1,)),  # less than one tile, an empty row
+    dict(T=2, H=72, topk=130, S=300, with_len=True, with_sink=True),  # 2 head groups (the 2nd masked), 3 tiles
+    dict(T=1, H=64, topk=1, S=50),
+    dict(T=4, H=128, topk=300, S=400, with_len=True, with_sink=True, empty_rows=(3,), splits=3),
+    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64),
+    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64, splits=5),
+    dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
+])
+def test_gpu_sm90_kernel(case, monkeypatch):
+    """The Gluon kernel (Hopper, bf16 cache, 64-head groups) against the reference: tails, head masks, splits,
+    topk_length and sink, invalid entries anywhere, NaN in unused slots, poisoned out; bitwise deterministic;
+    and the launch really took it."""
+    kernel_sm90 = _sm90_or_skip()
+    case = dict(case)
+    splits = case.pop("splits", None)
+    T, H, topk, S = case.pop("T"), case.pop("H"), case.pop("topk"), case.pop("S")
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "bf16", seed=T * H + topk, **case)
+    if tl_ is not None:
+        tl_[0] = topk
+        if T > 2:
+            tl_[2] = 0
+    calls = []
+    launch = kernel_sm90.launch
+    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
+    flat = ref_mod.flat_kv(kv)
+    outs = []
+    for _ in range(2):
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits)
+        assert got[0] is out
+        outs.append(got)
+    assert len(calls) == 2
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(outs[0], want, max_abs_v(kv, idx, S), str((T, H, topk, S, splits)))
+    for a, b in zip(outs[0], outs[1]):
+        assert torch.equal(a, b)
+    portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
+    assert len(calls) == 2
+    assert_matches(outs[0], portable, max_abs_v(kv, idx, S), "vs the Triton kernel")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_rising_and_strided():
+    """Gluon kernel: logits rising along the list (a rescale at every tile), and q / out with padded strides."""
+    _sm90_or_skip()
+    g = gen(23)
+    T, H, topk, S = 2, 64, 512, 600
+    sm = 192**-0.5
+    q0 = torch.randn(D_QK, generator=g)
+    q = (q0[None, None, :] + 0.1 * torch.randn(T, H, D_QK, generator=g)).to(torch.bfloat16)
+    a = 0.25 * torch.arange(topk, dtype=torch.float32) / (sm * LOG2E)
+    kv = torch.randn(S, D_QK, generator=g) * 0.5
+    kv[:topk] += a[:, None] * q0[None, :] / q0.square().sum()
+    kv[topk:] = float("nan")
+    idx = torch.arange(topk, dtype=torch.int32)[None, :].repeat(T, 1)
+    idx[:, 40] = -1
+    idx[1, 300] = S + 5
+    q_big = torch.randn(T, H + 4, 640).to(torch.bfloat16)
+    q_big[:, 2:2 + H, :D_QK] = q
+    q_big, kv, idx = q_big.to(DEVICE), kv.to(torch.bfloat16).to(DEVICE), idx.to(DEVICE)
+    q_view = q_big[:, 2:2 + H, :D_QK]
+    out_big = poison_(torch.empty(T, H, 600, dtype=torch.bfloat16, device=DEVICE))
+    out_view = out_big[:, :, 50:50 + D_V]
+    for ns in (1, 2):
+        got = sparse_mla_triton(q_view, kv, idx, sm, D_V, None, None, out_view, num_splits=ns)
+        want = sparse_mla_ref(q_view, kv, idx, sm)
+        assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
+    assert torch.isnan(out_big[:, :, :50].float()).all() and torch.isnan(out_big[:, :, 50 + D_V:].float()).all()
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
 def test_mla_gather_ceiling_walk(fmt):
     """benchmarks/gather_ceiling.py's sparse-MLA walk (the bound it reports must come from reading exactly

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
+from . import kernel_sm90
 
 _LOG2E = 1.4426950408889634
 
@@ -346,7 +347,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
 
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
     split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
-    overrides entries of :func:`default_config` (tests and benchmarks only).
+    overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
+    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call).
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -380,20 +382,29 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
                   GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
                   num_warps=warps, num_stages=stages)
+    len_arg = topk_length if has_len else dummy
+    sink_arg = attn_sink if has_sink else dummy
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
-               indices, indices.stride(0), topk_length if has_len else dummy, attn_sink if has_sink else dummy)
+               indices, indices.stride(0), len_arg, sink_arg)
     scale_log2 = float(sm_scale) * _LOG2E
+    # Hopper, bf16 cache, 64-head groups: the Gluon kernel (work placed on warpgroups by hand)
+    use_sm90 = cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh) and bn == kernel_sm90.BLOCK_N
+
+    def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
+        if use_sm90:
+            kernel_sm90.launch(grid, q, nope, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
+                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split)
+        else:
+            _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
+                                         T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
+
     if num_splits == 1:
-        _sparse_mla_fwd_kernel[(T * n_hg, 1)](
-            *args_in, out, out.stride(0), out.stride(1), 0, max_logits, lse,
-            T, h_q, S, topk, split_len, scale_log2, SPLIT=False, **common)
+        fwd((T * n_hg, 1), out, out.stride(0), out.stride(1), 0, max_logits, lse, False)
         return out, max_logits, lse
     o_part = torch.empty(num_splits, T, h_q, d_v, dtype=torch.float32, device=dev)
     lse_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
-    _sparse_mla_fwd_kernel[(T * n_hg, num_splits)](
-        *args_in, o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part,
-        T, h_q, S, topk, split_len, scale_log2, SPLIT=True, **common)
+    fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
     # merge: with few (token, head) pairs (batch-1 decode) narrow programs (4 heads x 128 columns, up to 8
     # splits per memory round trip) so that the partials are read by many SMs at once (H200, s_q 1, CUDA
     # graphs: h_q 16 fp8 24.9 -> 20.4 us, bf16 18.1 -> 15.3); with more pairs, 16 heads x all columns and

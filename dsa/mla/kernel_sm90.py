@@ -1,0 +1,208 @@
+"""Sparse MLA over the bf16 cache for 64-head groups on Hopper (sm_90), written in Gluon.
+
+Why a second kernel: the portable Triton kernel (:mod:`dsa.mla.kernel`) cannot place work on
+warpgroups. For the chained QK -> PV dots of a 64-head group Triton lays the logits over both
+warpgroups as ``warpsPerCTA=[8, 1]``, so each warpgroup computes the whole 64 x 64 x 576 QK
+product (1.5x the useful MMA work), and it keeps one tile of rows per dot operand. This kernel is
+the same algorithm with the work placed by hand (FlashMLA's SM90 schedule, without producer warps):
+
+* One program = 64 heads of one query token, 8 warps = two warpgroups, one CTA per SM.
+* Each tile of 64 gathered cache rows is copied once into shared memory with ``cp.async``
+  (invalid entries zero-filled, never read: NaN in unused slots cannot leak), double-buffered: the
+  copies of tile i+1 are in flight while tile i is used.
+* QK: ``S [64 heads, 64 rows]`` with ``warps_per_cta=[4, 2]``: each warpgroup computes the logits of
+  32 of the 64 rows (wgmma m64n32k16, q in shared memory), no duplicated work. The row max and sum
+  over the two halves go through the compiler's cross-warp reduction.
+* P (bf16) goes to shared memory once; PV: ``O [64, 512]`` with ``warps_per_cta=[4, 2]``: each
+  warpgroup accumulates 256 of the 512 output columns from the same tile in shared memory (the
+  V operand is the first 512 columns of the gathered rows, no second copy).
+* Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (partials for split-K).
+
+Shared memory: q 72 KiB + 2 x 72 KiB of rows + 8 KiB of P = 224 KiB of the 227 KiB.
+
+Gluon kernels do not run under ``TRITON_INTERPRET``: this one is tested on the GPU against the
+reference (tests/test_mla.py, the same cases as the Triton kernel); the CPU CI tests the Triton
+kernel, which stays the path everywhere else.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+BLOCK_H = 64
+BLOCK_N = 64
+NUM_WARPS = 8
+
+
+@gluon.jit
+def _tile_rows(idx_row, n0, stop, S, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Index-list entries ``[n0, n0 + BLOCK_N)`` as (valid, int64 row) vectors in ``layout``."""
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout)
+    idx = gl.load(idx_row + offs_n, mask=offs_n < stop, other=-1)
+    valid = (offs_n < stop) & (idx >= 0) & (idx < S)
+    return valid, gl.where(valid, idx, 0).to(gl.int64)
+
+
+@gluon.jit
+def _issue_tile(nope_smem, rope_smem, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows,
+                DV: gl.constexpr, DR: gl.constexpr, cp_l: gl.constexpr):
+    """cp.async the gathered rows into one buffer (zero-filled where invalid: those are never read)."""
+    cols = gl.arange(0, DV, gl.SliceLayout(0, cp_l))
+    cp.async_copy_global_to_shared(nope_smem, nope_ptr + rows[:, None] * stride_nope + cols[None, :],
+                                   mask=valid[:, None])
+    cols_r = gl.arange(0, DR, gl.SliceLayout(0, cp_l))
+    cp.async_copy_global_to_shared(rope_smem, rope_ptr + rows[:, None] * stride_rope + cols_r[None, :],
+                                   mask=valid[:, None])
+    cp.commit_group()
+
+
+@gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
+def _sparse_mla_sm90_kernel(
+    q_ptr, stride_qt, stride_qh,
+    nope_ptr, stride_nope,  # [S, 512] bf16
+    rope_ptr, stride_rope,  # [S, 64] bf16
+    idx_ptr, stride_it,  # [T, topk] int32
+    len_ptr, sink_ptr,
+    out_ptr, stride_ot, stride_oh, stride_os,  # bf16 [T, h_q, 512] or, with SPLIT, f32 partials [NS, T, h_q, 512]
+    ml_ptr, lse_ptr,
+    T, h_q, S, topk, split_len,
+    sm_scale_log2,
+    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+):
+    BH: gl.constexpr = 64
+    BN: gl.constexpr = 64
+    DV: gl.constexpr = 512
+    DR: gl.constexpr = 64
+    LN2: gl.constexpr = 0.6931471805599453
+    LOG2E: gl.constexpr = 1.4426950408889634
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # 16-byte pieces, a row per 8 threads
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid = gl.program_id(0)
+    sid = gl.program_id(1)
+    n_hg = gl.cdiv(h_q, BH)
+    t = pid // n_hg
+    hg = pid % n_hg
+    t64 = t.to(gl.int64)
+
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
+    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
+    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
+
+    end = topk
+    if HAS_LEN:
+        end = gl.minimum(end, gl.load(len_ptr + t))
+    start = sid * split_len
+    stop = gl.minimum(start + split_len, end)
+    n_tiles = gl.cdiv(gl.maximum(stop - start, 0), BN)
+    idx_row = idx_ptr + t64 * stride_it
+
+    # first tile's copies, the next tile's indices, then q (plain loads into shared memory) while they fly
+    row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
+    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
+    _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows,
+                DV, DR, cp_l)
+    valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
+    offs_hq = hg * BH + gl.arange(0, BH, row_cp)
+    q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
+    q_mask = (offs_hq < h_q)[:, None]
+    q_nope_smem.store(gl.load(q_row + gl.arange(0, DV, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+    q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+
+    m_i = gl.full([BH], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_2d = gl.zeros([BH, BN], gl.float32, s_layout)  # per-column partial sums: no cross-warp sum per tile
+    acc = gl.zeros([BH, DV], gl.float32, o_layout)
+    s_zero = gl.zeros([BH, BN], gl.float32, s_layout)
+
+    for i in range(n_tiles):
+        buf = i % 2
+        n0 = start + i * BN
+        cp.wait_group(0)  # this thread's copies of tile i have landed
+        fence_async_shared()  # visible to wgmma (async proxy)
+        # everyone's copies of tile i are in; both warpgroups are done with P and with buffer 1 - buf (P.V of
+        # tile i - 1), which takes tile i + 1 now
+        gl.thread_barrier()
+        kn = k_nope_smem.index(buf)
+        kr = k_rope_smem.index(buf)
+        s = warpgroup_mma(q_rope_smem, kr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_nope_smem, kn.permute((1, 0)), s, is_async=True)
+        # while QK runs: tile i + 1's copies (indices loaded one iteration ago), tile i + 2's indices
+        _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
+                    stride_rope, valid, rows, DV, DR, cp_l)
+        valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
+        valid_s, _ = _tile_rows(idx_row, n0, stop, S, BN, gl.SliceLayout(0, s_layout))
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+
+        s = gl.where(valid_s[None, :], s * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: avoid -inf - -inf
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_2d = l_2d * alpha[:, None] + p
+        m_i = m_new
+
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        acc = warpgroup_mma(p_smem, kn.slice(0, DV, dim=1), acc * alpha_o[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    cp.wait_group(0)
+
+    l_i = gl.sum(l_2d, 1)
+    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_o = gl.convert_layout(l_i, row_l)
+    m_o = gl.convert_layout(m_i, row_l)
+    offs_h = hg * BH + gl.arange(0, BH, row_l)
+    hmask = offs_h < h_q
+    offs_d = gl.arange(0, DV, gl.SliceLayout(0, o_layout))
+    empty = l_o == 0.0  # l >= 1 as soon as one entry is valid
+    if SPLIT:
+        l_safe = gl.where(empty, 1.0, l_o)
+        inv = gl.where(empty, 0.0, 1.0 / l_safe)
+        lse2 = gl.where(empty, float("-inf"), m_o + gl.log2(l_safe))
+        o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + offs_h[:, None] * stride_oh
+        gl.store(o_ptrs + offs_d[None, :], acc * inv[:, None], mask=hmask[:, None])
+        ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
+        gl.store(lse_ptr + ml_off, lse2, mask=hmask)
+        gl.store(ml_ptr + ml_off, m_o, mask=hmask)
+    else:
+        denom = l_o
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
+            denom += gl.exp2(gl.where(empty, float("-inf"), sink * LOG2E - m_o))
+        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, denom))
+        o_ptrs = out_ptr + t64 * stride_ot + offs_h[:, None] * stride_oh
+        gl.store(o_ptrs + offs_d[None, :], (acc * inv[:, None]).to(gl.bfloat16), mask=hmask[:, None])
+        ml_off = t64 * h_q + offs_h
+        gl.store(lse_ptr + ml_off, gl.where(empty, float("inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2),
+                 mask=hmask)
+        gl.store(ml_ptr + ml_off, gl.where(empty, float("-inf"), m_o * LN2), mask=hmask)
+
+
+def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
+    """Whether this kernel serves the call: bf16 cache, 64-head groups, CUDA device of compute
+    capability 9.x, not under the Triton interpreter."""
+    from ..backend import interpreter_on
+
+    if interpreter_on() or q.device.type != "cuda" or kv.dtype != torch.bfloat16 or block_h != BLOCK_H:
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] == 9
+
+
+def launch(grid, q, nope, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse,
+           T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split):
+    """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton`)."""
+    _sparse_mla_sm90_kernel[grid](
+        q, q.stride(0), q.stride(1), nope, nope.stride(0), rope, rope.stride(0), indices, indices.stride(0),
+        len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2,
+        HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, num_warps=NUM_WARPS)
