@@ -383,14 +383,15 @@ MLA_SMOKE = {
 }
 # alternative launch configs timed with --sweep: (config overrides, num_splits or None)
 MLA_SWEEP = {
-    "prefill_bf16_h128": [(dict(gluon=False), None), (dict(gluon=False, num_stages=2), None)],
+    "prefill_bf16_h128": [(dict(gluon=False), None)],
     "prefill_bf16_h64": [(dict(gluon=False), None)],
     "decode_bf16_h128": [(dict(gluon=False), None)],
-    "decode_fp8_h128": [(dict(num_stages=1), None), (dict(num_stages=3), None), (dict(block_n=32, num_stages=3), None)],
+    "decode_fp8_h128": [(dict(gluon=False), None)],
+    "decode_fp8_h64": [(dict(gluon=False), None)],
+    "decode_fp8_h128_b1": [(dict(gluon=False), None), (dict(gluon=False), 4), ({}, 4), ({}, 32)],
     "decode_fp8_h32": [(dict(block_n=32, num_warps=4, num_stages=3), None), (dict(block_n=32, num_stages=3), None),
                        ({}, 2)],
     "decode_fp8_h16": [(dict(block_n=32), None), (dict(num_warps=8), None), ({}, 2), ({}, 4)],
-    "decode_fp8_h128_b1": [({}, 4), ({}, 32)],
 }
 
 

@@ -441,15 +441,16 @@ def _sm90_or_skip():
     dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64, splits=5),
     dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
 ])
-def test_gpu_sm90_kernel(case, monkeypatch):
-    """The Gluon kernel (Hopper, bf16 cache, 64-head groups) against the reference: tails, head masks, splits,
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_gpu_sm90_kernel(case, kv_format, monkeypatch):
+    """The Gluon kernel (Hopper, 64-head groups, both formats) against the reference: tails, head masks, splits,
     topk_length and sink, invalid entries anywhere, NaN in unused slots, poisoned out; bitwise deterministic;
     and the launch really took it."""
     kernel_sm90 = _sm90_or_skip()
     case = dict(case)
     splits = case.pop("splits", None)
     T, H, topk, S = case.pop("T"), case.pop("H"), case.pop("topk"), case.pop("S")
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "bf16", seed=T * H + topk, **case)
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, kv_format, seed=T * H + topk, **case)
     if tl_ is not None:
         tl_[0] = topk
         if T > 2:
@@ -466,7 +467,7 @@ def test_gpu_sm90_kernel(case, monkeypatch):
         outs.append(got)
     assert len(calls) == 2
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(outs[0], want, max_abs_v(kv, idx, S), str((T, H, topk, S, splits)))
+    assert_matches(outs[0], want, max_abs_v(kv, idx, S), str((T, H, topk, S, splits, kv_format)))
     for a, b in zip(outs[0], outs[1]):
         assert torch.equal(a, b)
     portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))

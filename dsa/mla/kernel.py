@@ -392,7 +392,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
 
     def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
         if use_sm90:
-            kernel_sm90.launch(grid, q, nope, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
+            kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
                                T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split)
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,

@@ -51,18 +51,49 @@ def _issue_tile(nope_smem, rope_smem, nope_ptr, stride_nope, rope_ptr, stride_ro
                 DV: gl.constexpr, DR: gl.constexpr, cp_l: gl.constexpr):
     """cp.async the gathered rows into one buffer (zero-filled where invalid: those are never read)."""
     cols = gl.arange(0, DV, gl.SliceLayout(0, cp_l))
-    cp.async_copy_global_to_shared(nope_smem, nope_ptr + rows[:, None] * stride_nope + cols[None, :],
+    # row offsets: multiples of 16 bytes (the launcher checks the strides)
+    cp.async_copy_global_to_shared(nope_smem, nope_ptr + gl.multiple_of(rows * stride_nope, 8)[:, None] + cols[None, :],
                                    mask=valid[:, None])
     cols_r = gl.arange(0, DR, gl.SliceLayout(0, cp_l))
-    cp.async_copy_global_to_shared(rope_smem, rope_ptr + rows[:, None] * stride_rope + cols_r[None, :],
+    cp.async_copy_global_to_shared(rope_smem, rope_ptr + gl.multiple_of(rows * stride_rope, 8)[:, None] + cols_r[None, :],
                                    mask=valid[:, None])
     cp.commit_group()
+
+
+@gluon.jit
+def _issue_tile_fp8(raw_smem, rope_smem, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr, stride_rope,
+                    valid, rows, DV: gl.constexpr, DR: gl.constexpr, cp8_l: gl.constexpr, cp_l: gl.constexpr):
+    """fp8_ds_mla: cp.async the raw fp8 values into the raw buffer and the bf16 rope part into ``rope_smem``
+    (zero-filled where invalid); return the rows' four group scales (plain loads, used one iteration later)."""
+    cols = gl.arange(0, DV, gl.SliceLayout(0, cp8_l))
+    cp.async_copy_global_to_shared(raw_smem, nope_ptr + gl.multiple_of(rows * stride_nope, 16)[:, None]
+                                   + cols[None, :], mask=valid[:, None])
+    valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
+    rows_r = gl.convert_layout(rows, gl.SliceLayout(1, cp_l))
+    cols_r = gl.arange(0, DR, gl.SliceLayout(0, cp_l))
+    cp.async_copy_global_to_shared(rope_smem, rope_ptr + gl.multiple_of(rows_r * stride_rope, 8)[:, None]
+                                   + cols_r[None, :], mask=valid_r[:, None])
+    cp.commit_group()
+    sb = scale_ptr + rows * stride_scale
+    s0 = gl.load(sb + 0, mask=valid, other=0.0)
+    s1 = gl.load(sb + 1, mask=valid, other=0.0)
+    s2 = gl.load(sb + 2, mask=valid, other=0.0)
+    s3 = gl.load(sb + 3, mask=valid, other=0.0)
+    return s0, s1, s2, s3
+
+
+@gluon.jit
+def _dequant_group(raw_smem, kn_smem, sc, g: gl.constexpr, cp8_l: gl.constexpr):
+    """Values ``[128 g, 128 (g + 1))`` of the raw tile times their per-row scale, as bf16 into the tile."""
+    raw = raw_smem.slice(g * 128, 128, dim=1).load(cp8_l)
+    kn_smem.slice(g * 128, 128, dim=1).store((raw.to(gl.float32) * sc[:, None]).to(gl.bfloat16))
 
 
 @gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_sm90_kernel(
     q_ptr, stride_qt, stride_qh,
-    nope_ptr, stride_nope,  # [S, 512] bf16
+    nope_ptr, stride_nope,  # [S, 512] bf16 (bf16 cache) or float8_e4m3fn (fp8_ds_mla values)
+    scale_ptr, stride_scale,  # [S, 4] f32 group scales (fp8_ds_mla only)
     rope_ptr, stride_rope,  # [S, 64] bf16
     idx_ptr, stride_it,  # [T, topk] int32
     len_ptr, sink_ptr,
@@ -70,7 +101,7 @@ def _sparse_mla_sm90_kernel(
     ml_ptr, lse_ptr,
     T, h_q, S, topk, split_len,
     sm_scale_log2,
-    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+    IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
 ):
     BH: gl.constexpr = 64
     BN: gl.constexpr = 64
@@ -83,7 +114,9 @@ def _sparse_mla_sm90_kernel(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, 256, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # 16-byte pieces, a row per 8 threads
+    cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])  # fp8 values: 16-byte pieces
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    KN_BUFS: gl.constexpr = 1 if IS_FP8 else 2  # fp8: one bf16 tile, dequantised from one raw buffer
 
     pid = gl.program_id(0)
     sid = gl.program_id(1)
@@ -94,9 +127,11 @@ def _sparse_mla_sm90_kernel(
 
     q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
     q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
-    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [KN_BUFS, BN, DV], sh)
     k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
+    if IS_FP8:
+        raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     end = topk
     if HAS_LEN:
@@ -108,10 +143,17 @@ def _sparse_mla_sm90_kernel(
 
     # first tile's copies, the next tile's indices, then q (plain loads into shared memory) while they fly
     row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
-    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
-    _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows,
-                DV, DR, cp_l)
-    valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
+    row_cp8: gl.constexpr = gl.SliceLayout(1, cp8_l)
+    if IS_FP8:
+        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp8)
+        sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(0), nope_ptr, stride_nope, scale_ptr,
+                                             stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR, cp8_l, cp_l)
+        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp8)
+    else:
+        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
+        _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid,
+                    rows, DV, DR, cp_l)
+        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
     offs_hq = hg * BH + gl.arange(0, BH, row_cp)
     q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
     q_mask = (offs_hq < h_q)[:, None]
@@ -127,18 +169,34 @@ def _sparse_mla_sm90_kernel(
         buf = i % 2
         n0 = start + i * BN
         cp.wait_group(0)  # this thread's copies of tile i have landed
+        if IS_FP8:
+            # everyone's raw bytes of tile i are in and both warpgroups are done with the bf16 tile (P.V of
+            # tile i - 1): dequantise (fp8 x group scale in fp32, rounded to bf16) into it
+            gl.thread_barrier()
+            kn = k_nope_smem.index(0)
+            _dequant_group(raw_smem, kn, sc0, 0, cp8_l)
+            _dequant_group(raw_smem, kn, sc1, 1, cp8_l)
+            _dequant_group(raw_smem, kn, sc2, 2, cp8_l)
+            _dequant_group(raw_smem, kn, sc3, 3, cp8_l)
+        else:
+            kn = k_nope_smem.index(buf)
         fence_async_shared()  # visible to wgmma (async proxy)
-        # everyone's copies of tile i are in; both warpgroups are done with P and with buffer 1 - buf (P.V of
-        # tile i - 1), which takes tile i + 1 now
+        # everyone's tile i is in (and, fp8, the raw buffer is free); both warpgroups are done with P and with
+        # the buffers of tile i - 1, which take tile i + 1 now
         gl.thread_barrier()
-        kn = k_nope_smem.index(buf)
         kr = k_rope_smem.index(buf)
         s = warpgroup_mma(q_rope_smem, kr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_nope_smem, kn.permute((1, 0)), s, is_async=True)
         # while QK runs: tile i + 1's copies (indices loaded one iteration ago), tile i + 2's indices
-        _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
-                    stride_rope, valid, rows, DV, DR, cp_l)
-        valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
+        if IS_FP8:
+            sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(1 - buf), nope_ptr, stride_nope,
+                                                 scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR,
+                                                 cp8_l, cp_l)
+            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp8)
+        else:
+            _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
+                        stride_rope, valid, rows, DV, DR, cp_l)
+            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
         valid_s, _ = _tile_rows(idx_row, n0, stop, S, BN, gl.SliceLayout(0, s_layout))
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
 
@@ -190,19 +248,22 @@ def _sparse_mla_sm90_kernel(
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
-    """Whether this kernel serves the call: bf16 cache, 64-head groups, CUDA device of compute
-    capability 9.x, not under the Triton interpreter."""
+    """Whether this kernel serves the call: 64-head groups on a CUDA device of compute capability 9.x,
+    not under the Triton interpreter (either cache format)."""
     from ..backend import interpreter_on
 
-    if interpreter_on() or q.device.type != "cuda" or kv.dtype != torch.bfloat16 or block_h != BLOCK_H:
+    if interpreter_on() or q.device.type != "cuda" or block_h != BLOCK_H:
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
 
 
-def launch(grid, q, nope, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse,
+def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse,
            T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton`)."""
+    # the row strides the kernel assumes (16-byte pieces per row)
+    assert nope.stride(0) % 16 == 0 and rope.stride(0) % 8 == 0 and nope.data_ptr() % 16 == rope.data_ptr() % 16 == 0
     _sparse_mla_sm90_kernel[grid](
-        q, q.stride(0), q.stride(1), nope, nope.stride(0), rope, rope.stride(0), indices, indices.stride(0),
+        q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
+        indices.stride(0),
         len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2,
-        HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, num_warps=NUM_WARPS)
+        IS_FP8=nope.dtype != torch.bfloat16, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, num_warps=NUM_WARPS)
