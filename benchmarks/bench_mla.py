@@ -10,17 +10,7 @@ indices + out written. Times are ``triton.testing.do_bench`` medians; every inpu
 than the 60 MB L2 (the gathered rows are random over a large cache), so no rotation is needed.
 The baseline (PyTorch: gather rows, dequantise fp8, bmm, fp32 softmax, bmm) runs in token chunks.
 
-Measured (2026-11-29, one H200, torch 2.11 + Triton 3.6, the default configs of kernel.py; the
-ceilings are dsa.constants' 690 TFLOP/s and 4.3 TB/s):
-
-    shape                               ms      TFLOP/s  GB/s   torch ms  speed-up
-    prefill bf16 T4096 h128 topk2048   9.985    234.0   1085    20.557     2.1x
-    decode fp8 T256 h128 topk2048      0.880    165.9    474     5.228     5.9x
-    decode fp8 T256 h64                0.457    159.9    836     4.921    10.8x
-    decode fp8 T256 h32                0.572     63.8    636     4.755     8.3x
-    decode fp8 T256 h16                0.450     40.6    789     4.672    10.4x
-    decode bf16 T256 h128              0.658    221.9   1029     1.292     2.0x
-    decode fp8 T2 h128 (split-K)       0.028     40.4    116     0.160     5.7x   (CUDA graph; 0.067 eager)
+Measured numbers (date, commit, H200) are in BENCHMARKS.md, the one record of them.
 
 An L2 bulk prefetch of the rows 1-2 tiles ahead (inline PTX) was tried and measured 0-14 % slower on
 every shape, so it was removed.

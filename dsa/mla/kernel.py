@@ -28,7 +28,10 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
-about 1.5x the useful MMA work. Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py, sweep.py).
+about 1.5x the useful MMA work. On Hopper (sm_90) 64-head groups therefore go to the Gluon kernel of
+:mod:`dsa.mla.kernel_sm90`, which places the work on the warpgroups by hand (same arguments, same
+results; ``config=dict(gluon=False)`` keeps this kernel). Measured numbers are in BENCHMARKS.md
+(benchmarks/bench_mla.py, sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
 of P cost more than the per-value multiply), so each value is dequantised once, as here.
@@ -43,7 +46,11 @@ import triton.language as tl
 
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
-from . import kernel_sm90
+
+try:  # the Hopper kernel is written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
+    from . import kernel_sm90
+except ImportError:  # pragma: no cover
+    kernel_sm90 = None
 
 _LOG2E = 1.4426950408889634
 
@@ -387,8 +394,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                indices, indices.stride(0), len_arg, sink_arg)
     scale_log2 = float(sm_scale) * _LOG2E
-    # Hopper, bf16 cache, 64-head groups: the Gluon kernel (work placed on warpgroups by hand)
-    use_sm90 = cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh) and bn == kernel_sm90.BLOCK_N
+    # Hopper, 64-head groups (either cache format): the Gluon kernel (work placed on warpgroups by hand)
+    use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
+                and bn == kernel_sm90.BLOCK_N)
 
     def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
         if use_sm90:

@@ -1,28 +1,37 @@
-"""Sparse MLA over the bf16 cache for 64-head groups on Hopper (sm_90), written in Gluon.
+"""Sparse MLA for 64-head groups on Hopper (sm_90), written in Gluon; both cache formats.
 
 Why a second kernel: the portable Triton kernel (:mod:`dsa.mla.kernel`) cannot place work on
 warpgroups. For the chained QK -> PV dots of a 64-head group Triton lays the logits over both
 warpgroups as ``warpsPerCTA=[8, 1]``, so each warpgroup computes the whole 64 x 64 x 576 QK
-product (1.5x the useful MMA work), and it keeps one tile of rows per dot operand. This kernel is
-the same algorithm with the work placed by hand (FlashMLA's SM90 schedule, without producer warps):
+product (1.5x the useful MMA work). This kernel is the same algorithm with the work placed by hand
+(FlashMLA's split of the two products over two warpgroups, without producer warps):
 
 * One program = 64 heads of one query token, 8 warps = two warpgroups, one CTA per SM.
-* Each tile of 64 gathered cache rows is copied once into shared memory with ``cp.async``
-  (invalid entries zero-filled, never read: NaN in unused slots cannot leak), double-buffered: the
-  copies of tile i+1 are in flight while tile i is used.
+* Each tile of 64 gathered cache rows is copied into shared memory once with ``cp.async`` (invalid
+  entries zero-filled and never read: NaN in unused slots cannot leak). bf16 cache: two tile
+  buffers, tile i+1's copies issued while tile i's QK runs. fp8_ds_mla: the raw fp8 values of tile
+  i+1 go to a staging buffer (their group scales to registers) while tile i is used, and are
+  dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
+  into the one bf16 tile that both products read; the bf16 rope part is copied directly.
 * QK: ``S [64 heads, 64 rows]`` with ``warps_per_cta=[4, 2]``: each warpgroup computes the logits of
-  32 of the 64 rows (wgmma m64n32k16, q in shared memory), no duplicated work. The row max and sum
-  over the two halves go through the compiler's cross-warp reduction.
+  32 of the 64 rows (wgmma m64n32k16, q in shared memory), no duplicated work. The row max goes
+  through the compiler's cross-warp reduction; row sums are kept per column and reduced once at the end.
 * P (bf16) goes to shared memory once; PV: ``O [64, 512]`` with ``warps_per_cta=[4, 2]``: each
-  warpgroup accumulates 256 of the 512 output columns from the same tile in shared memory (the
-  V operand is the first 512 columns of the gathered rows, no second copy).
+  warpgroup accumulates 256 of the 512 output columns from the same tile (the V operand is the first
+  512 columns of the gathered rows, no second copy).
 * Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (partials for split-K).
 
-Shared memory: q 72 KiB + 2 x 72 KiB of rows + 8 KiB of P = 224 KiB of the 227 KiB.
+Shared memory: q 72 KiB + 2 x 72 KiB of rows + 8 KiB of P = 224 KiB (bf16); q + one bf16 tile +
+2 x 8 KiB of rope + 32 KiB of raw fp8 + P = 192 KiB (fp8).
+
+Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
+ahead of the copies (20% slower), two raw fp8 buffers with tile i+1's copies issued before tile i's
+dequantisation (12% slower). Within a tile everything is serialised (copies wait, QK, softmax, P.V);
+overlapping them needs warp specialisation (producer warps, warpgroups taking turns), not done yet.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: this one is tested on the GPU against the
-reference (tests/test_mla.py, the same cases as the Triton kernel); the CPU CI tests the Triton
-kernel, which stays the path everywhere else.
+reference and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests
+the Triton kernel, which stays the path everywhere else.
 """
 from __future__ import annotations
 
