@@ -26,7 +26,7 @@ Shared memory: q 72 KiB + 2 x 72 KiB of rows + 8 KiB of P = 224 KiB (bf16); q + 
 
 Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
 ahead of the copies (20% slower), two raw fp8 buffers with tile i+1's copies issued before tile i's
-dequantisation (12% slower). Within a tile everything is serialised (copies wait, QK, softmax, P.V);
+dequantisation (12% slower), P.V of one tile left in flight into the next (16% slower). Within a tile everything is serialised (copies wait, QK, softmax, P.V);
 overlapping them needs warp specialisation (producer warps, warpgroups taking turns), not done yet.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: this one is tested on the GPU against the
