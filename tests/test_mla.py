@@ -504,6 +504,21 @@ def test_gpu_sm90_rising_and_strided():
     assert torch.isnan(out_big[:, :, :50].float()).all() and torch.isnan(out_big[:, :, 50 + D_V:].float()).all()
 
 
+@pytest.mark.gpu
+def test_gpu_sm90_misaligned_cache_falls_back(monkeypatch):
+    """A cache whose first row is not on a 16-byte boundary is served by the Triton kernel, correctly."""
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(3, 64, 100, 200, "bf16", seed=77, with_len=True, with_sink=True)
+    store = torch.empty(200 * D_QK + 1, dtype=torch.bfloat16, device=q.device)
+    kv_odd = store[1:].view(200, D_QK)
+    kv_odd.copy_(kv)
+    assert kv_odd.data_ptr() % 16 == 2 and not kernel_sm90.supported(q, kv_odd, 64)
+    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: pytest.fail("the Gluon kernel was launched"))
+    got = sparse_mla_triton(q, kv_odd, idx, sm, D_V, sink, tl_, None)
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, 200))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
 def test_mla_gather_ceiling_walk(fmt):
     """benchmarks/gather_ceiling.py's sparse-MLA walk (the bound it reports must come from reading exactly

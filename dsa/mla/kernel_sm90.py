@@ -258,19 +258,23 @@ def _sparse_mla_sm90_kernel(
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
     """Whether this kernel serves the call: 64-head groups on a CUDA device of compute capability 9.x,
-    not under the Triton interpreter (either cache format)."""
+    not under the Triton interpreter, either cache format (``kv`` the flat ``[S, 576]`` bf16 or
+    ``[S, 656]`` uint8 view) starting on a 16-byte boundary (its rows are copied in 16-byte pieces; a
+    cache that does not is served by the Triton kernel)."""
     from ..backend import interpreter_on
 
-    if interpreter_on() or q.device.type != "cuda" or block_h != BLOCK_H:
+    if interpreter_on() or q.device.type != "cuda" or block_h != BLOCK_H or kv.data_ptr() % 16:
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
 
 
-def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse,
-           T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split):
-    """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton`)."""
-    # the row strides the kernel assumes (16-byte pieces per row)
-    assert nope.stride(0) % 16 == 0 and rope.stride(0) % 8 == 0 and nope.data_ptr() % 16 == rope.data_ptr() % 16 == 0
+def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
+           stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split):
+    """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
+    :func:`supported`)."""
+    # what the copies assume: every row's values and rope part start on a 16-byte boundary
+    assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
+    assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
     _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0),
