@@ -46,6 +46,7 @@ import triton.language as tl
 
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
+from .epilogue import row_stats
 
 try:  # the Hopper kernel is written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
     from . import kernel_sm90
@@ -141,8 +142,6 @@ def _sparse_mla_fwd_kernel(
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
     GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    LN2: tl.constexpr = 0.6931471805599453
-    LOG2E: tl.constexpr = 1.4426950408889634
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     n_hg = tl.cdiv(h_q, BLOCK_H)
@@ -203,35 +202,23 @@ def _sparse_mla_fwd_kernel(
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
 
-    empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
-    if SPLIT:
-        # partial: normalised out, lse and max in log2 units (-inf when this chunk had no valid entry)
-        l_safe = tl.where(empty, 1.0, l_i)
-        inv = tl.where(empty, 0.0, 1.0 / l_safe)
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+    inv, lse, ml = row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK, SPLIT)
+    if SPLIT:  # partial: normalised out, lse and max in log2 units
         o_base = out_ptr + sid.to(tl.int64) * stride_os + t64 * stride_ot + offs_h[:, None] * stride_oh
+        ml_off = (sid.to(tl.int64) * T + t64) * h_q + offs_h
         tl.store(o_base + 0 * GROUP + offs_g[None, :], acc0 * inv[:, None], mask=hmask[:, None])
         tl.store(o_base + 1 * GROUP + offs_g[None, :], acc1 * inv[:, None], mask=hmask[:, None])
         tl.store(o_base + 2 * GROUP + offs_g[None, :], acc2 * inv[:, None], mask=hmask[:, None])
         tl.store(o_base + 3 * GROUP + offs_g[None, :], acc3 * inv[:, None], mask=hmask[:, None])
-        ml_off = (sid.to(tl.int64) * T + t64) * h_q + offs_h
-        tl.store(lse_ptr + ml_off, lse2, mask=hmask)
-        tl.store(ml_ptr + ml_off, m_i, mask=hmask)
     else:
-        denom = l_i
-        if HAS_SINK:
-            sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
-            denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_i))
-        inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
         o_base = out_ptr + t64 * stride_ot + offs_h[:, None] * stride_oh
+        ml_off = t64 * h_q + offs_h
         tl.store(o_base + 0 * GROUP + offs_g[None, :], (acc0 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
         tl.store(o_base + 1 * GROUP + offs_g[None, :], (acc1 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
         tl.store(o_base + 2 * GROUP + offs_g[None, :], (acc2 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
         tl.store(o_base + 3 * GROUP + offs_g[None, :], (acc3 * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-        ml_off = t64 * h_q + offs_h
-        tl.store(lse_ptr + ml_off, tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2),
-                 mask=hmask)
-        tl.store(ml_ptr + ml_off, tl.where(empty, float("-inf"), m_i * LN2), mask=hmask)
+    tl.store(lse_ptr + ml_off, lse, mask=hmask)
+    tl.store(ml_ptr + ml_off, ml, mask=hmask)
 
 
 @triton.jit(do_not_specialize=["T", "h_q", "num_splits"])

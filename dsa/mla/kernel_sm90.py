@@ -41,6 +41,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .epilogue import row_stats
+
 BLOCK_H = 64
 BLOCK_N = 64
 NUM_WARPS = 8
@@ -116,8 +118,6 @@ def _sparse_mla_sm90_kernel(
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
-    LN2: gl.constexpr = 0.6931471805599453
-    LOG2E: gl.constexpr = 1.4426950408889634
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -232,28 +232,17 @@ def _sparse_mla_sm90_kernel(
     offs_h = hg * BH + gl.arange(0, BH, row_l)
     hmask = offs_h < h_q
     offs_d = gl.arange(0, DV, gl.SliceLayout(0, o_layout))
-    empty = l_o == 0.0  # l >= 1 as soon as one entry is valid
-    if SPLIT:
-        l_safe = gl.where(empty, 1.0, l_o)
-        inv = gl.where(empty, 0.0, 1.0 / l_safe)
-        lse2 = gl.where(empty, float("-inf"), m_o + gl.log2(l_safe))
+    inv, lse, ml = row_stats(l_o, m_o, sink_ptr, offs_h, hmask, HAS_SINK, SPLIT)
+    if SPLIT:  # partial: normalised out, lse and max in log2 units
         o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + offs_h[:, None] * stride_oh
-        gl.store(o_ptrs + offs_d[None, :], acc * inv[:, None], mask=hmask[:, None])
         ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
-        gl.store(lse_ptr + ml_off, lse2, mask=hmask)
-        gl.store(ml_ptr + ml_off, m_o, mask=hmask)
+        gl.store(o_ptrs + offs_d[None, :], acc * inv[:, None], mask=hmask[:, None])
     else:
-        denom = l_o
-        if HAS_SINK:
-            sink = gl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
-            denom += gl.exp2(gl.where(empty, float("-inf"), sink * LOG2E - m_o))
-        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, denom))
         o_ptrs = out_ptr + t64 * stride_ot + offs_h[:, None] * stride_oh
-        gl.store(o_ptrs + offs_d[None, :], (acc * inv[:, None]).to(gl.bfloat16), mask=hmask[:, None])
         ml_off = t64 * h_q + offs_h
-        gl.store(lse_ptr + ml_off, gl.where(empty, float("inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2),
-                 mask=hmask)
-        gl.store(ml_ptr + ml_off, gl.where(empty, float("-inf"), m_o * LN2), mask=hmask)
+        gl.store(o_ptrs + offs_d[None, :], (acc * inv[:, None]).to(gl.bfloat16), mask=hmask[:, None])
+    gl.store(lse_ptr + ml_off, lse, mask=hmask)
+    gl.store(ml_ptr + ml_off, ml, mask=hmask)
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:

@@ -1,0 +1,30 @@
+"""The per-row end of the online softmax, shared by both sparse-MLA kernels (Triton and Gluon)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr):
+    """From the running sum ``l_i`` and max ``m_i`` (log2 units) of each head row: ``(inv, lse, max_logits)``,
+    ``out = acc * inv``. ``SPLIT``: a split partial, lse and max in log2 units, ``-inf`` (and ``inv`` 0) when the
+    chunk had no valid entry. Else the final values: natural-log lse (without the sink; the sink only enters
+    the denominator), ``+inf`` lse / ``-inf`` max and out 0 for a row with no valid entry."""
+    LN2: tl.constexpr = 0.6931471805599453
+    LOG2E: tl.constexpr = 1.4426950408889634
+    empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
+    l_safe = tl.where(empty, 1.0, l_i)
+    if SPLIT:
+        inv = tl.where(empty, 0.0, 1.0 / l_safe)
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+        ml = m_i
+    else:
+        denom = l_i
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
+            denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_i))
+        inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
+        lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
+        ml = tl.where(empty, float("-inf"), m_i * LN2)
+    return inv, lse, ml
