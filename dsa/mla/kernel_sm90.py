@@ -35,6 +35,8 @@ the Triton kernel, which stays the path everywhere else.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -254,7 +256,12 @@ def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
 
     if interpreter_on() or q.device.type != "cuda" or block_h != BLOCK_H or kv.data_ptr() % 16:
         return False
-    return torch.cuda.get_device_capability(q.device)[0] == 9
+    return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
