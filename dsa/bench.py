@@ -109,17 +109,24 @@ INDEXER_PREFILL_SWEEP = [
     dict(BLOCK_Q=4, BLOCK_N=64, SPAN=8192, num_warps=4, num_stages=2),
 ]
 INDEXER_DECODE_SWEEP = [
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=4, PREFETCH=3),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=4, PREFETCH=3),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3, MAXNREG=128),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=4, PREFETCH=3, MAXNREG=128),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=5, PREFETCH=3, MAXNREG=128),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2),
-    dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2),
-    dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
+    # the Hopper (Gluon) kernel where it serves the call (block sizes that are multiples of 32), else the Triton defaults
+    dict(gluon=dict(SPAN=1024, STAGES=4)),
+    dict(gluon=dict(SPAN=2048, STAGES=4)),
+    dict(gluon=dict(SPAN=4096, STAGES=4)),
+    dict(gluon=dict(SPAN=2048, STAGES=3)),
+    dict(gluon=dict(SPAN=2048, STAGES=6)),
+    # the portable Triton kernel
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=0, MAXNREG=128),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=4, PREFETCH=3),
+    dict(gluon=False, BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=4, PREFETCH=3),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3, MAXNREG=128),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=4, PREFETCH=3, MAXNREG=128),
+    dict(gluon=False, BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=5, PREFETCH=3, MAXNREG=128),
+    dict(gluon=False, BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2),
+    dict(gluon=False, BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2),
+    dict(gluon=False, BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
 ]
 
 

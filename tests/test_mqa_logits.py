@@ -331,7 +331,7 @@ def test_paged_table_ahead_spans_across_blocks(span):
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, True, 64, g, max_len=310)
     out = poison_(torch.empty(len(lens) * next_n, max_len, device=DEVICE))
     K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out,
-                                  config=dict(BLOCK_N=16, SPAN=span, PREFETCH=3))
+                                  config=dict(gluon=False, BLOCK_N=16, SPAN=span, PREFETCH=3))
     assert_logits_match(out, fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
 
 
@@ -567,3 +567,101 @@ def test_gather_ceiling_walk(bs, block_n, span):
         want = keys[b].view(torch.uint8).to(torch.int32).sum(1).float() * scales[b]
         torch.testing.assert_close(out[b, :L].cpu(), want, rtol=1e-6, atol=0)
         assert out[b, L:].isnan().all()  # still the poison: nothing written past the context
+
+
+# ----------------------------------------------------------------------------- GPU: the Hopper (Gluon) decode kernel
+def _paged_sm90_or_skip():
+    from dsa.mqa_logits import kernel_sm90
+
+    if not (ON_GPU and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("the Gluon paged-logits kernel is for sm_90")
+    return kernel_sm90
+
+
+def _count_launches(monkeypatch, mod):
+    calls = []
+    launch = mod.launch
+    monkeypatch.setattr(mod, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens,bs,next_n,two_d,H,gcfg", [
+    ([5000, 1, 63, 64, 65, 2100], 64, 1, False, 64, None),
+    ([5000, 1, 63, 64, 65, 2100], 64, 2, False, 64, None),
+    ([4000, 3, 129, 1025], 64, 2, True, 64, dict(SPAN=2048, STAGES=3)),
+    ([3000, 70, 1], 32, 2, True, 64, None),  # two TMA copies per tile
+    ([3000, 70, 5], 32, 4, False, 64, dict(SPAN=64, STAGES=2)),  # one tile per program
+    ([2500, 300, 2], 128, 3, True, 64, None),  # tiles inside a block, not at its start
+    ([2500, 257], 256, 4, True, 64, dict(SPAN=192, STAGES=5)),  # spans not a multiple of the block
+    ([1500, 77], 64, 2, False, 128, None),
+    ([1500, 77, 900], 64, 1, True, 32, None),
+    ([1500, 77, 900], 64, 4, False, 16, None),
+])
+def test_gpu_paged_sm90(lens, bs, next_n, two_d, H, gcfg, monkeypatch):
+    """The Hopper kernel against the reference and against the Triton kernel: block sizes 32-256, next_n 1-4,
+    1-D and 2-D context lengths, every head count, contexts not multiples of a tile, NaN in every unused cache
+    slot, out poisoned; bitwise deterministic; and the launch really took it."""
+    mod = _paged_sm90_or_skip()
+    calls = _count_launches(monkeypatch, mod)
+    g = gen(80 + bs + next_n + H)
+    q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, two_d, H, g, max_len=max(lens) + 70)
+    cfg = None if gcfg is None else dict(gluon=gcfg)
+    outs = []
+    for _ in range(2):
+        out = poison_(torch.empty(len(lens) * next_n, max_len, device=DEVICE))
+        K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, out, config=cfg)
+        outs.append(out)
+    assert len(calls) == 2
+    assert_logits_match(outs[0], fp8_paged_mqa_logits_ref(q, cache, w, ctx, bt, max_len))
+    assert torch.equal(outs[0], outs[1])
+    portable = K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, True, torch.empty_like(outs[0]),
+                                             config=dict(gluon=False))
+    assert len(calls) == 2
+    assert_logits_match(outs[0], portable)
+    # clean_logits=False: the valid entries are the same, nothing written is NaN (NaN slots are copied, never used)
+    out = torch.full_like(outs[0], 7.0)
+    K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bt, max_len, False, out, config=cfg)
+    valid = torch.arange(max_len, device=DEVICE)[None, :] < row_limits(ctx, next_n).reshape(-1, 1)
+    assert torch.equal(out[valid], outs[0][valid])
+    assert not torch.isnan(out).any()
+
+
+@pytest.mark.gpu
+def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(monkeypatch):
+    """Block-table entries outside [0, num_blocks) where a row needs a block: nothing is read for them, their
+    logits are 0 as in the Triton kernel, the rest is unchanged. Calls the kernel does not serve (block size
+    16, a cache whose rows are not contiguous) run the Triton kernel."""
+    mod = _paged_sm90_or_skip()
+    calls = _count_launches(monkeypatch, mod)
+    g = gen(91)
+    lens, bs, next_n = [700, 300], 64, 2
+    q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, False, 64, g)
+    ref = fp8_paged_mqa_logits(q, cache, w, ctx, bt, max_len)
+    bad = bt.clone()
+    bad[0, 3], bad[1, 1] = -1, cache.shape[0] + 5
+    got = fp8_paged_mqa_logits(q, cache, w, ctx, bad, max_len)
+    portable = K.fp8_paged_mqa_logits_triton(q, cache, w, ctx, bad, max_len, True, torch.empty_like(got),
+                                             config=dict(gluon=False))
+    assert len(calls) == 2
+    hit = torch.zeros_like(got, dtype=torch.bool)
+    hit[0:2, 192:256] = True
+    hit[2:4, 64:128] = True
+    hit &= got != float("-inf")
+    assert hit.any() and (got[hit] == 0).all() and (portable[hit] == 0).all()
+    assert_logits_match(got, portable)
+    assert torch.equal(got[~hit], ref[~hit])
+    # not served: block size 16; a cache not starting on a 16-byte boundary; rows of a wider allocation
+    q16, cache16, w16, ctx16, bt16, len16, _, _ = _paged_case([300, 40], 16, 2, False, 64, g)
+    assert not mod.supported(q16, cache16)
+    assert_logits_match(fp8_paged_mqa_logits(q16, cache16, w16, ctx16, bt16, len16),
+                        fp8_paged_mqa_logits_ref(q16, cache16, w16, ctx16, bt16, len16))
+    buf = torch.zeros(cache.numel() + 4, dtype=torch.uint8, device=DEVICE)
+    shifted = buf[4:].view(cache.shape)
+    shifted.copy_(cache)
+    assert not mod.supported(q, shifted)
+    assert_logits_match(fp8_paged_mqa_logits(q, shifted, w, ctx, bt, max_len), ref)
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.uint8, device=DEVICE)
+    wide[:, :cache.shape[1]] = cache
+    assert not mod.supported(q, wide[:, :cache.shape[1]])
+    assert len(calls) == 2

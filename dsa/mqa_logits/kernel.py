@@ -39,6 +39,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Gluon (Hopper) decode kernel: needs triton.experimental.gluon
+    from . import kernel_sm90
+except ImportError:  # pragma: no cover - a Triton without Gluon
+    kernel_sm90 = None
+
 from ..backend import interpreter_on
 from ..constants import INDEXER_ROW_BYTES
 
@@ -368,11 +373,19 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     """Launch the decode kernel; arguments already validated.
 
     ``cache_blocks`` is the canonical ``[num_blocks, block_size*132]`` uint8 view;
-    ``out`` is ``[B*next_n, max_context_len]`` f32.
+    ``out`` is ``[B*next_n, max_context_len]`` f32. On Hopper, calls that
+    :func:`dsa.mqa_logits.kernel_sm90.supported` accepts run that kernel. ``config`` (tests and
+    benchmarks): ``gluon=False`` keeps this Triton kernel (its other keys override
+    :data:`PAGED_CONFIGS`); ``gluon=dict(SPAN=..., STAGES=...)`` sets the Hopper kernel's launch.
     """
     B, next_n, H, D = q.shape
     if B == 0 or max_context_len == 0:
         return out
+    config = dict(config or {})
+    gluon = config.pop("gluon", True)
+    if gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks):
+        return kernel_sm90.launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits,
+                                  out, config=gluon if isinstance(gluon, dict) else None)
     num_blocks, row = cache_blocks.shape
     bs = row // INDEXER_ROW_BYTES
     cfg = _paged_config(bs, next_n, config)

@@ -1,0 +1,256 @@
+"""Decode indexer logits on Hopper (sm_90), written in Gluon: ``fp8_paged_mqa_logits`` with the
+paged cache copied by TMA, several tiles in flight.
+
+Why a second kernel: the portable Triton kernel (:mod:`dsa.mqa_logits.kernel`) issues its key copies
+as ``cp.async`` through the pipeliner (or loads by hand), and its loop carries the block-table
+indirection per tile; at block size 64 it stops near 3.3 TB/s with next_n 1 and 2.1-2.3 TB/s with
+next_n 2 (BENCHMARKS.md, "Decode logits sweeps"). Here:
+
+* One program = one request x a span of ``SPAN`` positions; one warpgroup (two when the product's
+  N = ``next_power_of_2(next_n) * H`` exceeds 128: each takes half of the (row, head) columns);
+  several programs per SM (about 50 KiB of shared memory at next_n 2, 64 heads).
+* Every 64-key tile is copied by TMA straight from the paged cache into shared memory, ``STAGES``
+  tiles in flight, one mbarrier per buffer: the keys as 128-byte rows of the cache (a block of
+  ``bs`` keys is ``bs * 33 / 32`` such rows: its ``bs`` value rows, then its scales), the tile's 64
+  fp32 scales by a second, one-dimensional descriptor. A block-table entry outside
+  ``[0, num_blocks)`` gets coordinates past the end of the cache: the TMA reads nothing and writes
+  zeros (its logits are 0, as in the Triton kernel). Block-table entries are loaded one tile before
+  the copy they address.
+* Per tile ONE product ``wgmma(keys [64, 128], q^T [128, NP*H])`` in fp8 with fp32 accumulation (the
+  request's next_n rows share the key tile, padding rows are zero), then relu x head weight, reshaped
+  ``[64, NP, H]`` (no data movement) and summed over the heads in registers and across 4 lanes, times
+  the key scales. Positions at or past the request's context (whose cache slots may hold NaN: the
+  copies take whole 64-key tiles of a block) are replaced, never multiplied; -inf past each row's own
+  limit (``clean_logits``).
+
+Measured and not kept (BENCHMARKS.md): one product per query row with row j + 1's issued while row j
+is reduced, and the same with the next tile's first product issued before the last reduction.
+
+Served: block sizes that are multiples of 32 (a block must be a whole number of 128-byte rows), a
+cache whose rows are contiguous and start on a 16-byte boundary and that is under 8 GiB (TMA
+coordinates are int32 and the scales' descriptor counts 4-byte elements); everything else runs the
+Triton kernel, which also stays the path under the CPU interpreter (Gluon kernels do not run there:
+this one is tested on the GPU against the reference and the Triton kernel, tests/test_mqa_logits.py,
+``test_gpu_paged_sm90*``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..constants import INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
+
+BLOCK_N = 64  # keys per tile
+#: Launch configurations (``SPAN`` positions per program, ``STAGES`` tiles in flight, optional ``MAXNREG``
+#: register cap) by next_n; chosen on the H200, see BENCHMARKS.md.
+CONFIGS = {1: dict(SPAN=1024, STAGES=4), 2: dict(SPAN=2048, STAGES=4)}
+_MAX_CACHE_BYTES = 1 << 33  # the scales' descriptor: coordinates (4-byte elements) must stay int32
+
+
+@gluon.jit
+def _phys(bt_row, s0, c_hi, max_blocks, c: gl.constexpr, BS: gl.constexpr, KB: gl.constexpr):
+    """Physical block of chunk ``c`` (``KB`` keys) of the tile starting at ``s0`` (-1: not read)."""
+    s = s0 + c * KB
+    blk = s // BS
+    return gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+
+
+@gluon.jit
+def _issue(k_desc, s_desc, k_buf, s_buf, bar, p0, p1, s0, pred, num_blocks, rows_total, floats_total,
+           BS: gl.constexpr, KB: gl.constexpr, CH: gl.constexpr):
+    """TMA copies of one tile (keys and scales, ``CH`` chunks of ``KB`` keys) into one buffer, signalled
+    on ``bar``; nothing is issued unless ``pred``."""
+    mbarrier.expect(bar, 64 * 128 + 64 * 4, pred=pred)
+    o = s0 % BS  # the tile's first key inside its block (0 unless BS > 64)
+    _issue_chunk(k_desc, s_desc, k_buf, s_buf, bar, p0, o, 0, pred, num_blocks, rows_total, floats_total, BS, KB)
+    if CH == 2:
+        _issue_chunk(k_desc, s_desc, k_buf, s_buf, bar, p1, o, 1, pred, num_blocks, rows_total, floats_total, BS,
+                     KB)
+
+
+@gluon.jit
+def _issue_chunk(k_desc, s_desc, k_buf, s_buf, bar, p, o, c: gl.constexpr, pred, num_blocks, rows_total,
+                 floats_total, BS: gl.constexpr, KB: gl.constexpr):
+    ok = (p >= 0) & (p < num_blocks)
+    # an invalid entry gets coordinates past the end: the TMA reads nothing and fills zeros
+    row = gl.where(ok, p * (BS * 33 // 32) + o, rows_total)
+    f = gl.where(ok, p * (BS * 33) + BS * 32 + o, floats_total)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_buf.slice(c * KB, KB, dim=0), pred=pred)
+    tma.async_copy_global_to_shared(s_desc, [f], bar, s_buf.slice(c * KB, KB), pred=pred)
+
+
+@gluon.jit(do_not_specialize=["num_blocks", "max_blocks", "max_context_len", "rows_total", "floats_total"])
+def _paged_logits_sm90_kernel(
+    k_desc, s_desc,  # TMA descriptors: the cache as [rows_total, 128] fp8 rows and as [floats_total] fp32
+    q_ptr, stride_qb, stride_qn, stride_qh,  # [B, next_n, H, 128] fp8
+    w_ptr, stride_wm,  # [B*next_n, H] f32
+    ctx_ptr, stride_cb,  # [B] or [B, next_n] int32
+    bt_ptr, stride_btb,  # [B, max_blocks] int32
+    out_ptr, stride_om,  # [B*next_n, max_context_len] f32
+    num_blocks, max_blocks, max_context_len, rows_total, floats_total,
+    NEXT_N: gl.constexpr, NP: gl.constexpr, CTX_2D: gl.constexpr, H: gl.constexpr, BS: gl.constexpr,
+    SPAN: gl.constexpr, STAGES: gl.constexpr, WGS: gl.constexpr, CLEAN: gl.constexpr,
+):
+    BN: gl.constexpr = 64
+    D: gl.constexpr = 128
+    KB: gl.constexpr = BS if BS < BN else BN  # keys per TMA copy (one block or one tile)
+    CH: gl.constexpr = BN // KB  # copies per tile (1, or 2 for 32-key blocks)
+    R: gl.constexpr = NP * H  # the product's N: (row, head) pairs, row-major
+
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGS],
+                                                    instr_shape=[16, R // WGS, 32])
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    ld_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4 * WGS, 1], [1, 0])
+    fill_l: gl.constexpr = gl.BlockedLayout([4], [32], [4 * WGS], [0])
+    k_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    s_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    zero = gl.zeros([BN, R], gl.float32, acc_l)
+    # the layout of the per-(key, row) logits: the head sum of the product, reshaped [BN, NP, H] (no data
+    # movement: each warpgroup's rows stay in its registers), reduced in registers and across 4 lanes
+    v_l: gl.constexpr = gl.sum(gl.reshape(zero, [BN, NP, H]), axis=2).type.layout
+    key_l: gl.constexpr = gl.SliceLayout(1, v_l)
+    row_l: gl.constexpr = gl.SliceLayout(0, v_l)
+
+    pid_s = gl.program_id(0)
+    b = gl.program_id(1)
+    b64 = b.to(gl.int64)
+
+    # each row's key limit (SPEC) and head weights; padding rows (j >= next_n) have limit 0 and weight 0
+    jj = gl.arange(0, NP, row_l)
+    j_ok = jj < NEXT_N
+    if CTX_2D:
+        lim = gl.load(ctx_ptr + b64 * stride_cb + jj, mask=j_ok, other=0)
+    else:
+        lim = gl.load(ctx_ptr + b64 * stride_cb) - NEXT_N + jj + 1
+    lim = gl.where(j_ok, gl.minimum(gl.maximum(lim, 0), max_context_len), 0)
+    lmax = gl.max(lim, axis=0)
+    out_rows = out_ptr + (b64 * NEXT_N + jj) * stride_om
+    offs_c = gl.arange(0, R, col_l)
+    w = gl.load(w_ptr + (b64 * NEXT_N + offs_c // H) * stride_wm + offs_c % H, mask=offs_c // H < NEXT_N, other=0.0)
+
+    s_lo = pid_s * SPAN
+    s_hi = gl.minimum(max_context_len, s_lo + SPAN)
+    c_hi = gl.maximum(gl.minimum(s_hi, lmax), s_lo)
+    n_tiles = gl.cdiv(c_hi - s_lo, BN)
+    c_end = s_lo + n_tiles * BN
+
+    if CLEAN:  # positions past every row's limit, inside the span: -inf
+        for s0 in range(c_end, s_hi, 512):
+            offs = s0 + gl.arange(0, 512, fill_l)
+            ninf = gl.full([512], float("-inf"), gl.float32, fill_l)
+            for j in gl.static_range(NEXT_N):
+                gl.store(out_ptr + (b64 * NEXT_N + j) * stride_om + offs, ninf, mask=offs < s_hi)
+
+    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_sh)
+    s_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN], s_sh)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [R, D], k_sh)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for t in gl.static_range(STAGES):
+        mbarrier.init(bars.index(t), count=1)
+
+    # the first STAGES - 1 tiles' copies, then q (plain loads into shared memory) while they fly
+    bt_row = bt_ptr + b64 * stride_btb
+    for t in gl.static_range(STAGES - 1):
+        s0 = s_lo + t * BN
+        p0 = _phys(bt_row, s0, c_hi, max_blocks, 0, BS, KB)
+        p1 = _phys(bt_row, s0, c_hi, max_blocks, CH - 1, BS, KB)
+        _issue(k_desc, s_desc, k_smem.index(t), s_smem.index(t), bars.index(t), p0, p1, s0, t < n_tiles,
+               num_blocks, rows_total, floats_total, BS, KB, CH)
+    n0 = s_lo + (STAGES - 1) * BN
+    p0 = _phys(bt_row, n0, c_hi, max_blocks, 0, BS, KB)
+    p1 = _phys(bt_row, n0, c_hi, max_blocks, CH - 1, BS, KB)
+
+    offs_qr = gl.arange(0, R, gl.SliceLayout(1, ld_l))
+    offs_qd = gl.arange(0, D, gl.SliceLayout(0, ld_l))
+    q_off = b64 * stride_qb + (offs_qr // H) * stride_qn + (offs_qr % H) * stride_qh
+    q_smem.store(gl.load(q_ptr + q_off[:, None] + offs_qd[None, :], mask=(offs_qr // H < NEXT_N)[:, None], other=0.0))
+    fence_async_shared()
+
+    for i in range(n_tiles):
+        # every warp is done with tile i - 1 (its product and scales): its buffer takes tile i + STAGES - 1
+        gl.thread_barrier()
+        t_n = i + STAGES - 1
+        slot_n = t_n % STAGES
+        s_n = s_lo + t_n * BN
+        _issue(k_desc, s_desc, k_smem.index(slot_n), s_smem.index(slot_n), bars.index(slot_n), p0, p1, s_n,
+               t_n < n_tiles, num_blocks, rows_total, floats_total, BS, KB, CH)
+        p0 = _phys(bt_row, s_n + BN, c_hi, max_blocks, 0, BS, KB)
+        p1 = _phys(bt_row, s_n + BN, c_hi, max_blocks, CH - 1, BS, KB)
+
+        slot = i % STAGES
+        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+        acc = warpgroup_mma(k_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        offs = s_lo + i * BN + gl.arange(0, BN, key_l)
+        scale = s_smem.index(slot).load(key_l)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        v = gl.sum(gl.reshape(gl.maximum(acc, 0.0) * w[None, :], [BN, NP, H]), axis=2)
+        # slots at or past the context may hold NaN: replaced, never multiplied
+        v = gl.where((offs < c_hi)[:, None], v * scale[:, None], 0.0)
+        if CLEAN:
+            v = gl.where(offs[:, None] < lim[None, :], v, float("-inf"))
+        gl.store(out_rows[None, :] + offs[:, None], v, mask=(offs < s_hi)[:, None] & j_ok[None, :])
+    for t in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(t))
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
+    """Whether this kernel serves the call (arguments already validated): a CUDA device of compute
+    capability 9.x, not under the Triton interpreter, a block size that is a multiple of 32, the
+    canonical ``[num_blocks, bs*132]`` cache view with contiguous rows starting on a 16-byte boundary,
+    under 8 GiB."""
+    from ..backend import interpreter_on
+
+    if interpreter_on() or q.device.type != "cuda":
+        return False
+    num_blocks, row = cache_blocks.shape
+    bs = row // INDEXER_ROW_BYTES
+    if bs % 32 or cache_blocks.stride(1) != 1 or cache_blocks.stride(0) != row or cache_blocks.data_ptr() % 16:
+        return False
+    if num_blocks * row >= _MAX_CACHE_BYTES:
+        return False
+    return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+def launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits, out, config=None):
+    """Launch on validated arguments where :func:`supported` (called by
+    :func:`dsa.mqa_logits.kernel.fp8_paged_mqa_logits_triton`)."""
+    B, next_n, H, D = q.shape
+    assert D == INDEXER_HEAD_DIM and q.stride(3) == 1 and weights.stride(1) == 1
+    cfg = dict(CONFIGS[min(next_n, 2)])
+    cfg.update(config or {})
+    opts = {} if cfg.get("MAXNREG") is None else dict(maxnreg=int(cfg["MAXNREG"]))
+    num_blocks, row = cache_blocks.shape
+    bs = row // INDEXER_ROW_BYTES
+    flat = cache_blocks.reshape(-1)
+    rows_total = flat.numel() // 128
+    floats_total = flat.numel() // 4
+    keys = flat.view(torch.float8_e4m3fn).view(rows_total, 128)
+    scales = flat.view(torch.float32)
+    kb = min(bs, BLOCK_N)
+    k_desc = TensorDescriptor(keys, [rows_total, 128], [128, 1], [kb, 128],
+                              gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+    s_desc = TensorDescriptor(scales, [floats_total], [1], [kb],
+                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+    span = max(BLOCK_N, cfg["SPAN"] // BLOCK_N * BLOCK_N)
+    np_ = 1 << (next_n - 1).bit_length()
+    # warpgroups splitting the (row, head) columns: one while its accumulator fits (N <= 128), else two
+    wgs = int(cfg.get("WGS", 1 if np_ * H <= 128 else 2))
+    grid = ((max_context_len + span - 1) // span, B)
+    _paged_logits_sm90_kernel[grid](
+        k_desc, s_desc, q, q.stride(0), q.stride(1), q.stride(2), weights, weights.stride(0), context_lens,
+        context_lens.stride(0), block_table, block_table.stride(0), out, out.stride(0),
+        num_blocks, block_table.shape[1], max_context_len, rows_total, floats_total,
+        NEXT_N=next_n, NP=np_, CTX_2D=context_lens.dim() == 2, H=H, BS=bs, SPAN=span, STAGES=int(cfg["STAGES"]),
+        WGS=wgs, CLEAN=bool(clean_logits), num_warps=4 * wgs, **opts)
+    return out
