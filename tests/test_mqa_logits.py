@@ -597,9 +597,16 @@ def _count_launches(monkeypatch, mod):
     ([1500, 77], 64, 2, False, 128, None),
     ([1500, 77, 900], 64, 1, True, 32, None),
     ([1500, 77, 900], 64, 4, False, 16, None),
+    # below 32 keys per block: cp.async copies, 4-byte (block 1), 8-byte (block 2) or 16-byte pieces
+    ([3000, 70, 1, 129], 1, 1, False, 64, dict(SPAN=1024, STAGES=3)),  # not the default dispatch's choice
+    ([3000, 70, 1, 129], 1, 2, True, 64, None),
+    ([2000, 333], 2, 3, False, 64, dict(SPAN=128, STAGES=2)),
+    ([2000, 333, 64], 4, 4, True, 32, None),
+    ([2500, 17, 640], 16, 2, False, 64, None),
+    ([2500, 17], 8, 1, True, 128, dict(SPAN=4096, STAGES=6)),
 ])
 def test_gpu_paged_sm90(lens, bs, next_n, two_d, H, gcfg, monkeypatch):
-    """The Hopper kernel against the reference and against the Triton kernel: block sizes 32-256, next_n 1-4,
+    """The Hopper kernel against the reference and against the Triton kernel: block sizes 1-256, next_n 1-4,
     1-D and 2-D context lengths, every head count, contexts not multiples of a tile, NaN in every unused cache
     slot, out poisoned; bitwise deterministic; and the launch really took it."""
     mod = _paged_sm90_or_skip()
@@ -628,14 +635,15 @@ def test_gpu_paged_sm90(lens, bs, next_n, two_d, H, gcfg, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(monkeypatch):
+@pytest.mark.parametrize("bs", [64, 16, 1])
+def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(bs, monkeypatch):
     """Block-table entries outside [0, num_blocks) where a row needs a block: nothing is read for them, their
-    logits are 0 as in the Triton kernel, the rest is unchanged. Calls the kernel does not serve (block size
-    16, a cache whose rows are not contiguous) run the Triton kernel."""
+    logits are 0 as in the Triton kernel, the rest is unchanged. Calls the kernel does not serve (a cache not
+    starting on a 16-byte boundary, rows of a wider allocation) run the Triton kernel."""
     mod = _paged_sm90_or_skip()
     calls = _count_launches(monkeypatch, mod)
-    g = gen(91)
-    lens, bs, next_n = [700, 300], 64, 2
+    g = gen(91 + bs)
+    lens, next_n = [700, 300], 2
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, False, 64, g)
     ref = fp8_paged_mqa_logits(q, cache, w, ctx, bt, max_len)
     bad = bt.clone()
@@ -645,17 +653,13 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(monkeypatch):
                                              config=dict(gluon=False))
     assert len(calls) == 2
     hit = torch.zeros_like(got, dtype=torch.bool)
-    hit[0:2, 192:256] = True
-    hit[2:4, 64:128] = True
+    hit[0:2, 3 * bs:4 * bs] = True
+    hit[2:4, bs:2 * bs] = True
     hit &= got != float("-inf")
     assert hit.any() and (got[hit] == 0).all() and (portable[hit] == 0).all()
     assert_logits_match(got, portable)
     assert torch.equal(got[~hit], ref[~hit])
-    # not served: block size 16; a cache not starting on a 16-byte boundary; rows of a wider allocation
-    q16, cache16, w16, ctx16, bt16, len16, _, _ = _paged_case([300, 40], 16, 2, False, 64, g)
-    assert not mod.supported(q16, cache16)
-    assert_logits_match(fp8_paged_mqa_logits(q16, cache16, w16, ctx16, bt16, len16),
-                        fp8_paged_mqa_logits_ref(q16, cache16, w16, ctx16, bt16, len16))
+    # not served: a cache not starting on a 16-byte boundary; rows of a wider allocation
     buf = torch.zeros(cache.numel() + 4, dtype=torch.uint8, device=DEVICE)
     shifted = buf[4:].view(cache.shape)
     shifted.copy_(cache)
@@ -664,4 +668,10 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(monkeypatch):
     wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.uint8, device=DEVICE)
     wide[:, :cache.shape[1]] = cache
     assert not mod.supported(q, wide[:, :cache.shape[1]])
+    assert len(calls) == 2
+    # block size 1 with next_n 1: supported, but the default dispatch keeps the Triton kernel (faster there)
+    q1, cache1, w1, ctx1, bt1, len1, _, _ = _paged_case([300, 40], 1, 1, False, 64, g)
+    assert mod.supported(q1, cache1) and not mod.preferred(1, 1)
+    assert_logits_match(fp8_paged_mqa_logits(q1, cache1, w1, ctx1, bt1, len1),
+                        fp8_paged_mqa_logits_ref(q1, cache1, w1, ctx1, bt1, len1))
     assert len(calls) == 2

@@ -376,14 +376,16 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     ``out`` is ``[B*next_n, max_context_len]`` f32. On Hopper, calls that
     :func:`dsa.mqa_logits.kernel_sm90.supported` accepts run that kernel. ``config`` (tests and
     benchmarks): ``gluon=False`` keeps this Triton kernel (its other keys override
-    :data:`PAGED_CONFIGS`); ``gluon=dict(SPAN=..., STAGES=...)`` sets the Hopper kernel's launch.
+    :data:`PAGED_CONFIGS`); ``gluon=dict(SPAN=..., STAGES=...)`` takes the Hopper kernel wherever it is
+    supported, with that launch (by default it is taken where :func:`kernel_sm90.preferred`).
     """
     B, next_n, H, D = q.shape
     if B == 0 or max_context_len == 0:
         return out
     config = dict(config or {})
-    gluon = config.pop("gluon", True)
-    if gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks):
+    gluon = config.pop("gluon", None)
+    if (gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks)
+            and (gluon is not None or kernel_sm90.preferred(cache_blocks.shape[1] // INDEXER_ROW_BYTES, next_n))):
         return kernel_sm90.launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits,
                                   out, config=gluon if isinstance(gluon, dict) else None)
     num_blocks, row = cache_blocks.shape

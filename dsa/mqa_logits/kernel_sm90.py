@@ -40,6 +40,7 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -47,9 +48,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..constants import INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
 
 BLOCK_N = 64  # keys per tile
-#: Launch configurations (``SPAN`` positions per program, ``STAGES`` tiles in flight, optional ``MAXNREG``
-#: register cap) by next_n; chosen on the H200, see BENCHMARKS.md.
-CONFIGS = {1: dict(SPAN=1024, STAGES=4), 2: dict(SPAN=2048, STAGES=4)}
+
+
+def default_config(block_size: int, next_n: int) -> dict:
+    """Launch configuration: ``SPAN`` positions per program, ``STAGES`` tiles in flight (optional ``WGS``
+    warpgroups, ``MAXNREG`` register cap). Chosen on the H200 (BENCHMARKS.md): blocks of 1-2 keys (4- and
+    8-byte copies) do best with fewer tiles in flight."""
+    if block_size < 4:
+        return dict(SPAN=2048, STAGES=3)
+    return dict(SPAN=1024, STAGES=4) if next_n == 1 else dict(SPAN=2048, STAGES=4)
+
+
 _MAX_CACHE_BYTES = 1 << 33  # the scales' descriptor: coordinates (4-byte elements) must stay int32
 
 
@@ -85,9 +94,42 @@ def _issue_chunk(k_desc, s_desc, k_buf, s_buf, bar, p, o, c: gl.constexpr, pred,
     tma.async_copy_global_to_shared(s_desc, [f], bar, s_buf.slice(c * KB, KB), pred=pred)
 
 
+@gluon.jit
+def _phys_keys(bt_row, s0, c_hi, max_blocks, BS: gl.constexpr, layout: gl.constexpr):
+    """Physical block of each key of the tile starting at ``s0`` (-1 past ``c_hi``: not read)."""
+    s = s0 + gl.arange(0, 64, layout)
+    blk = s // BS
+    return gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+
+
+@gluon.jit
+def _issue_cp(k_buf, kv_ptr, phys, s0, c_hi, num_blocks, BS: gl.constexpr, VEC: gl.constexpr,
+              cp_l: gl.constexpr):
+    """cp.async of one tile's keys (``VEC``-byte pieces; a key in a block outside the cache or at or past
+    ``c_hi`` is zero-filled, never read), committed as one group (empty past the last tile)."""
+    s = s0 + gl.arange(0, 64, gl.SliceLayout(1, cp_l))
+    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
+    base = gl.where(ok, phys, 0).to(gl.int64) * (BS * 132) + (s % BS) * 128
+    cols = gl.arange(0, 128, gl.SliceLayout(0, cp_l))
+    cp.async_copy_global_to_shared(k_buf, kv_ptr + gl.multiple_of(base, VEC)[:, None] + cols[None, :],
+                                   mask=ok[:, None])
+    cp.commit_group()
+
+
+@gluon.jit
+def _scales_ld(kv32_ptr, bt_row, s0, c_hi, max_blocks, num_blocks, BS: gl.constexpr, layout: gl.constexpr):
+    """The fp32 scales of the tile starting at ``s0`` (0 where the key is not read)."""
+    s = s0 + gl.arange(0, 64, layout)
+    blk = s // BS
+    p = gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
+    ok = (p >= 0) & (p < num_blocks) & (s < c_hi)
+    return gl.load(kv32_ptr + gl.where(ok, p, 0).to(gl.int64) * (BS * 33) + BS * 32 + s % BS, mask=ok, other=0.0)
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "max_blocks", "max_context_len", "rows_total", "floats_total"])
 def _paged_logits_sm90_kernel(
     k_desc, s_desc,  # TMA descriptors: the cache as [rows_total, 128] fp8 rows and as [floats_total] fp32
+    kv_ptr, kv32_ptr,  # the cache as fp8 and as fp32 (without TMA: block sizes below 32)
     q_ptr, stride_qb, stride_qn, stride_qh,  # [B, next_n, H, 128] fp8
     w_ptr, stride_wm,  # [B*next_n, H] f32
     ctx_ptr, stride_cb,  # [B] or [B, next_n] int32
@@ -99,8 +141,12 @@ def _paged_logits_sm90_kernel(
 ):
     BN: gl.constexpr = 64
     D: gl.constexpr = 128
+    TMA: gl.constexpr = BS % 32 == 0  # a block is a whole number of 128-byte rows
     KB: gl.constexpr = BS if BS < BN else BN  # keys per TMA copy (one block or one tile)
-    CH: gl.constexpr = BN // KB  # copies per tile (1, or 2 for 32-key blocks)
+    CH: gl.constexpr = BN // KB if TMA else 1  # TMA copies per tile (1, or 2 for 32-key blocks)
+    # without TMA: cp.async pieces as wide as the keys' alignment allows (a block is bs * 132 bytes)
+    VEC: gl.constexpr = 16 if BS % 4 == 0 else 4 * BS
+    cp_l: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // 128, 128 // VEC], [4 * WGS, 1], [1, 0])
     R: gl.constexpr = NP * H  # the product's N: (row, head) pairs, row-major
 
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGS],
@@ -156,15 +202,23 @@ def _paged_logits_sm90_kernel(
 
     # the first STAGES - 1 tiles' copies, then q (plain loads into shared memory) while they fly
     bt_row = bt_ptr + b64 * stride_btb
-    for t in gl.static_range(STAGES - 1):
-        s0 = s_lo + t * BN
-        p0 = _phys(bt_row, s0, c_hi, max_blocks, 0, BS, KB)
-        p1 = _phys(bt_row, s0, c_hi, max_blocks, CH - 1, BS, KB)
-        _issue(k_desc, s_desc, k_smem.index(t), s_smem.index(t), bars.index(t), p0, p1, s0, t < n_tiles,
-               num_blocks, rows_total, floats_total, BS, KB, CH)
     n0 = s_lo + (STAGES - 1) * BN
-    p0 = _phys(bt_row, n0, c_hi, max_blocks, 0, BS, KB)
-    p1 = _phys(bt_row, n0, c_hi, max_blocks, CH - 1, BS, KB)
+    if TMA:
+        for t in gl.static_range(STAGES - 1):
+            s0 = s_lo + t * BN
+            p0 = _phys(bt_row, s0, c_hi, max_blocks, 0, BS, KB)
+            p1 = _phys(bt_row, s0, c_hi, max_blocks, CH - 1, BS, KB)
+            _issue(k_desc, s_desc, k_smem.index(t), s_smem.index(t), bars.index(t), p0, p1, s0, t < n_tiles,
+                   num_blocks, rows_total, floats_total, BS, KB, CH)
+        p0 = _phys(bt_row, n0, c_hi, max_blocks, 0, BS, KB)
+        p1 = _phys(bt_row, n0, c_hi, max_blocks, CH - 1, BS, KB)
+    else:
+        for t in gl.static_range(STAGES - 1):
+            s0 = s_lo + t * BN
+            _issue_cp(k_smem.index(t), kv_ptr, _phys_keys(bt_row, s0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l)),
+                      s0, c_hi, num_blocks, BS, VEC, cp_l)
+        p0 = _phys_keys(bt_row, n0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
+        sc = _scales_ld(kv32_ptr, bt_row, s_lo, c_hi, max_blocks, num_blocks, BS, key_l)
 
     offs_qr = gl.arange(0, R, gl.SliceLayout(1, ld_l))
     offs_qd = gl.arange(0, D, gl.SliceLayout(0, ld_l))
@@ -173,21 +227,31 @@ def _paged_logits_sm90_kernel(
     fence_async_shared()
 
     for i in range(n_tiles):
-        # every warp is done with tile i - 1 (its product and scales): its buffer takes tile i + STAGES - 1
-        gl.thread_barrier()
         t_n = i + STAGES - 1
         slot_n = t_n % STAGES
         s_n = s_lo + t_n * BN
-        _issue(k_desc, s_desc, k_smem.index(slot_n), s_smem.index(slot_n), bars.index(slot_n), p0, p1, s_n,
-               t_n < n_tiles, num_blocks, rows_total, floats_total, BS, KB, CH)
-        p0 = _phys(bt_row, s_n + BN, c_hi, max_blocks, 0, BS, KB)
-        p1 = _phys(bt_row, s_n + BN, c_hi, max_blocks, CH - 1, BS, KB)
-
         slot = i % STAGES
-        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+        if TMA:
+            # every warp is done with tile i - 1 (its product and scales): its buffer takes tile i + STAGES - 1
+            gl.thread_barrier()
+            _issue(k_desc, s_desc, k_smem.index(slot_n), s_smem.index(slot_n), bars.index(slot_n), p0, p1, s_n,
+                   t_n < n_tiles, num_blocks, rows_total, floats_total, BS, KB, CH)
+            p0 = _phys(bt_row, s_n + BN, c_hi, max_blocks, 0, BS, KB)
+            p1 = _phys(bt_row, s_n + BN, c_hi, max_blocks, CH - 1, BS, KB)
+            mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+            scale = s_smem.index(slot).load(key_l)
+        else:
+            # this thread's copies of tile i are in; after the barrier everyone's are (and every warp is
+            # done with tile i - 1, whose buffer takes tile i + STAGES - 1)
+            cp.wait_group(STAGES - 2)
+            fence_async_shared()
+            gl.thread_barrier()
+            _issue_cp(k_smem.index(slot_n), kv_ptr, p0, s_n, c_hi, num_blocks, BS, VEC, cp_l)
+            p0 = _phys_keys(bt_row, s_n + BN, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
+            scale = sc
+            sc = _scales_ld(kv32_ptr, bt_row, s_lo + (i + 1) * BN, c_hi, max_blocks, num_blocks, BS, key_l)
         acc = warpgroup_mma(k_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
         offs = s_lo + i * BN + gl.arange(0, BN, key_l)
-        scale = s_smem.index(slot).load(key_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         v = gl.sum(gl.reshape(gl.maximum(acc, 0.0) * w[None, :], [BN, NP, H]), axis=2)
         # slots at or past the context may hold NaN: replaced, never multiplied
@@ -195,6 +259,8 @@ def _paged_logits_sm90_kernel(
         if CLEAN:
             v = gl.where(offs[:, None] < lim[None, :], v, float("-inf"))
         gl.store(out_rows[None, :] + offs[:, None], v, mask=(offs < s_hi)[:, None] & j_ok[None, :])
+    if not TMA:
+        cp.wait_group(0)  # the empty groups past the last tile
     for t in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(t))
 
@@ -204,20 +270,26 @@ def _is_sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
+def preferred(block_size: int, next_n: int) -> bool:
+    """Whether the default dispatch takes this kernel where it is :func:`supported`: everywhere but block
+    size 1 with next_n 1, where the Triton kernel measured faster (BENCHMARKS.md)."""
+    return not (block_size == 1 and next_n == 1)
+
+
 def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
     """Whether this kernel serves the call (arguments already validated): a CUDA device of compute
-    capability 9.x, not under the Triton interpreter, a block size that is a multiple of 32, the
-    canonical ``[num_blocks, bs*132]`` cache view with contiguous rows starting on a 16-byte boundary,
-    under 8 GiB."""
+    capability 9.x, not under the Triton interpreter, the canonical ``[num_blocks, bs*132]`` cache view
+    with contiguous rows starting on a 16-byte boundary; with a block size that is a multiple of 32 (TMA)
+    the cache must also be under 8 GiB."""
     from ..backend import interpreter_on
 
     if interpreter_on() or q.device.type != "cuda":
         return False
     num_blocks, row = cache_blocks.shape
     bs = row // INDEXER_ROW_BYTES
-    if bs % 32 or cache_blocks.stride(1) != 1 or cache_blocks.stride(0) != row or cache_blocks.data_ptr() % 16:
+    if cache_blocks.stride(1) != 1 or cache_blocks.stride(0) != row or cache_blocks.data_ptr() % 16:
         return False
-    if num_blocks * row >= _MAX_CACHE_BYTES:
+    if bs % 32 == 0 and num_blocks * row >= _MAX_CACHE_BYTES:
         return False
     return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
@@ -227,28 +299,31 @@ def launch(q, cache_blocks, weights, context_lens, block_table, max_context_len,
     :func:`dsa.mqa_logits.kernel.fp8_paged_mqa_logits_triton`)."""
     B, next_n, H, D = q.shape
     assert D == INDEXER_HEAD_DIM and q.stride(3) == 1 and weights.stride(1) == 1
-    cfg = dict(CONFIGS[min(next_n, 2)])
-    cfg.update(config or {})
-    opts = {} if cfg.get("MAXNREG") is None else dict(maxnreg=int(cfg["MAXNREG"]))
     num_blocks, row = cache_blocks.shape
     bs = row // INDEXER_ROW_BYTES
+    cfg = default_config(bs, next_n)
+    cfg.update(config or {})
+    opts = {} if cfg.get("MAXNREG") is None else dict(maxnreg=int(cfg["MAXNREG"]))
     flat = cache_blocks.reshape(-1)
     rows_total = flat.numel() // 128
     floats_total = flat.numel() // 4
-    keys = flat.view(torch.float8_e4m3fn).view(rows_total, 128)
+    kv = flat.view(torch.float8_e4m3fn)
+    keys = kv[:rows_total * 128].view(rows_total, 128)
     scales = flat.view(torch.float32)
-    kb = min(bs, BLOCK_N)
-    k_desc = TensorDescriptor(keys, [rows_total, 128], [128, 1], [kb, 128],
-                              gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-    s_desc = TensorDescriptor(scales, [floats_total], [1], [kb],
-                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+    k_desc = s_desc = None
+    if bs % 32 == 0:
+        kb = min(bs, BLOCK_N)
+        k_desc = TensorDescriptor(keys, [rows_total, 128], [128, 1], [kb, 128],
+                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+        s_desc = TensorDescriptor(scales, [floats_total], [1], [kb],
+                                  gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
     span = max(BLOCK_N, cfg["SPAN"] // BLOCK_N * BLOCK_N)
     np_ = 1 << (next_n - 1).bit_length()
     # warpgroups splitting the (row, head) columns: one while its accumulator fits (N <= 128), else two
     wgs = int(cfg.get("WGS", 1 if np_ * H <= 128 else 2))
     grid = ((max_context_len + span - 1) // span, B)
     _paged_logits_sm90_kernel[grid](
-        k_desc, s_desc, q, q.stride(0), q.stride(1), q.stride(2), weights, weights.stride(0), context_lens,
+        k_desc, s_desc, kv, scales, q, q.stride(0), q.stride(1), q.stride(2), weights, weights.stride(0), context_lens,
         context_lens.stride(0), block_table, block_table.stride(0), out, out.stride(0),
         num_blocks, block_table.shape[1], max_context_len, rows_total, floats_total,
         NEXT_N=next_n, NP=np_, CTX_2D=context_lens.dim() == 2, H=H, BS=bs, SPAN=span, STAGES=int(cfg["STAGES"]),
