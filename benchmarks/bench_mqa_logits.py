@@ -13,11 +13,9 @@ with the device-to-device copy ceiling. The baseline is the reference's formulat
 GPU in PyTorch: bf16 matmul of dequantised fp8 values, relu, weighted head sum (a bf16
 bmm), chunked so its temporaries fit. Times: triton.testing.do_bench medians.
 
-Measured on an H200 (2026-11-29, torch 2.11 cu130, triton 3.6.0; --sweep, best config each):
-prefill 4096 x 131072 x 64 heads 9.25 ms = 951 TFLOP/s (75% of the 1270 fp8-matmul ceiling),
-baseline 85.5 ms; decode B=64, contexts 32K-128K (661 MB of cache): block 64 next_n 1
-0.223 ms = 2962 GB/s, next_n 2 0.355 ms = 1859 GB/s; block 1 next_n 1 0.353 ms = 1873 GB/s,
-next_n 2 0.554 ms = 1192 GB/s (baselines 5.8-10.9 ms).
+Decode on sm_90 runs the Gluon kernel where it is supported and preferred; ``--sweep`` also times
+its launch configurations and the Triton kernel's (``gluon=False``). Measured numbers (date, GPU,
+commit, shapes) are in BENCHMARKS.md.
 """
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ N dimension of the dot is R*H: 256 for R = 4 rows of 64 heads).
 The dot's B operand (the q rows, [R, D]) is loaded once per program and stays in
 shared memory; the wgmma is m64nRk32 (R = 256 for prefill, next_n_pad*64 for decode).
 
+On Hopper, the decode op runs :mod:`dsa.mqa_logits.kernel_sm90` (Gluon: TMA or cp.async copies
+of the paged cache, one product per tile over all next_n rows) where it is supported and
+preferred; this kernel serves everything else.
+
 All cache and output offsets are int64. Every key load is masked by the row's
 context, so unused cache slots (which may hold NaN) are never read.
 """
