@@ -7,6 +7,8 @@ Groups (shapes x configs):
   mla_small_h   sparse MLA decode, s_q 1, topk 2048, 32K context per request, h_q 16/32, fp8_ds_mla and
                 bf16 caches, batch 1/32/64/128; grid block_n x num_stages x num_warps x num_splits
   mla_prefill_small_h  sparse MLA bf16 prefill h_q 32/16 (tile x warps x stages); prefill with sorted index lists
+  mla_small_h_padded   h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: defaults against one
+                padded 64-head group (the Gluon kernel on sm_90)
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -70,6 +72,27 @@ def mla_small_h_fp8():
     return out
 
 
+PADDED_64 = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=False, per_sm=None)
+
+
+def mla_small_h_padded():
+    """Small head counts (16, 32) at their defaults against the same call padded to one 64-head group
+    (which takes the Gluon kernel on sm_90): decode over both formats, batch 1-128, and bf16 prefill."""
+    out = []
+    for fmt in ("fp8_ds_mla", "bf16"):
+        for h in (16, 32):
+            for b in (1, 32, 64, 128):
+                name = f"mla_{fmt}_h{h}_b{b}"
+                for cfg, ns in [({}, None), (PADDED_64, None), (PADDED_64, 2 if b >= 64 else 8)]:
+                    out.append(dict(group="mla_small_h_padded", shape=name, args=(b, 1, h, 32768, fmt), cfg=cfg,
+                                    ns=ns))
+    for h in (32, 16):
+        for cfg in ({}, PADDED_64):
+            out.append(dict(group="mla_small_h_padded", shape=f"mla_bf16_prefill_h{h}",
+                            args=(1, 4096, h, 131072, "bf16"), cfg=cfg, ns=None))
+    return out
+
+
 def mla_decode_defaults():
     """Decode at the default configuration only: small head groups at batch 1-128 and h_q 128 at batch 1, s_q 2."""
     shapes = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
@@ -126,7 +149,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls

@@ -505,6 +505,35 @@ def test_gpu_sm90_rising_and_strided():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (64, 16, 2048, None), (5, 32, 1000, 3),
+                                             (2, 32, 2048, None), (7, 24, 129, 1)])
+def test_gpu_sm90_small_heads_fp8_padded(T, H, topk, splits, monkeypatch):
+    """fp8_ds_mla with 16-32 heads on sm_90: by default one padded 64-head group on the Gluon kernel (the heads
+    past h_q masked: never written, never NaN in the kept ones), against the reference and against the small-head
+    Triton programs (``gluon=False``); a bf16 cache keeps the Triton programs."""
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, "fp8_ds_mla", seed=T * H + topk, with_len=True,
+                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
+    calls = []
+    launch = kernel_sm90.launch
+    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
+    flat = ref_mod.flat_kv(kv)
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits)
+    assert got[0] is out and len(calls) == 1
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits)))
+    again = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
+    assert len(calls) == 2
+    assert_matches(got, portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
+    qb, kvb, idxb, smb, _, _ = make_case(T, H, topk, 4096, "bf16", seed=5)
+    sparse_mla_triton(qb, ref_mod.flat_kv(kvb), idxb, smb, D_V, None, None, None)
+    assert len(calls) == 2
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_misaligned_cache_falls_back(monkeypatch):
     """A cache whose first row is not on a 16-byte boundary is served by the Triton kernel, correctly."""
     kernel_sm90 = _sm90_or_skip()

@@ -30,7 +30,9 @@ Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Trito
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
 about 1.5x the useful MMA work. On Hopper (sm_90) 64-head groups therefore go to the Gluon kernel of
 :mod:`dsa.mla.kernel_sm90`, which places the work on the warpgroups by hand (same arguments, same
-results; ``config=dict(gluon=False)`` keeps this kernel). Measured numbers are in BENCHMARKS.md
+results; ``config=dict(gluon=False)`` keeps this kernel). So do fp8_ds_mla calls with 16 or 32 heads
+on sm_90, padded to one 64-head group (measured faster than this kernel's small-head programs; not
+for bf16 caches or prefill, where it was slower). Measured numbers are in BENCHMARKS.md
 (benchmarks/bench_mla.py, sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
@@ -335,6 +337,14 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
+#: fp8_ds_mla with 16 or 32 heads on sm_90: one 64-head group, padded (the heads past h_q are masked), so
+#: that the Gluon kernel serves it; one program per SM aimed at by the split choice. Measured on the H200
+#: (BENCHMARKS.md), s_q 1, 32K contexts, CUDA graphs: h_q 16 batch 64 103 -> 79 us, h_q 32 batch 64
+#: 137 -> 82 us, batch 128 187 / 256 -> 151 / 157 us, batch 1 20 / 23 -> 19 us. Not for bf16 caches or
+#: prefill, where the small-head Triton programs measured faster.
+SM90_PADDED_SMALL_HEADS_FP8 = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=False, per_sm=1)
+
+
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
                       num_splits: int | None = None, config: dict | None = None):
     """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
@@ -342,7 +352,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
     split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
-    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call).
+    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call). Without ``config``,
+    fp8_ds_mla calls with 16 or 32 heads on sm_90 run as one padded 64-head group on the Gluon kernel
+    (:data:`SM90_PADDED_SMALL_HEADS_FP8`).
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -362,6 +374,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
     cfg = default_config(h_q, is_fp8, T)
+    if (not config and is_fp8 and cfg["block_h"] < 64 and kernel_sm90 is not None
+            and kernel_sm90.supported(q, kv, kernel_sm90.BLOCK_H)):
+        cfg = dict(SM90_PADDED_SMALL_HEADS_FP8)
     cfg.update(config or {})
     bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
     n_hg = triton.cdiv(h_q, bh)

@@ -52,11 +52,14 @@ BLOCK_N = 64  # keys per tile
 
 def default_config(block_size: int, next_n: int) -> dict:
     """Launch configuration: ``SPAN`` positions per program, ``STAGES`` tiles in flight (optional ``WGS``
-    warpgroups, ``MAXNREG`` register cap). Chosen on the H200 (BENCHMARKS.md): blocks of 1-2 keys (4- and
-    8-byte copies) do best with fewer tiles in flight."""
+    warpgroups, ``MAXNREG`` register cap). Chosen on the H200 (BENCHMARKS.md, B = 64, 32K-128K contexts):
+    the cp.async copies of small blocks do best with fewer tiles in flight (block 1, next_n 2: 2 stages
+    0.387 ms, 3 stages 0.406, 4 stages 0.485; block 4: 3 stages 0.316, 4 stages 0.339)."""
     if block_size < 4:
-        return dict(SPAN=2048, STAGES=3)
-    return dict(SPAN=1024, STAGES=4) if next_n == 1 else dict(SPAN=2048, STAGES=4)
+        return dict(SPAN=2048, STAGES=2)
+    if next_n == 1:
+        return dict(SPAN=1024, STAGES=4)
+    return dict(SPAN=2048, STAGES=3 if block_size < 32 else 4)
 
 
 _MAX_CACHE_BYTES = 1 << 33  # the scales' descriptor: coordinates (4-byte elements) must stay int32
