@@ -379,15 +379,17 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     ``cache_blocks`` is the canonical ``[num_blocks, block_size*132]`` uint8 view;
     ``out`` is ``[B*next_n, max_context_len]`` f32. On Hopper, calls that
     :func:`dsa.mqa_logits.kernel_sm90.supported` accepts run that kernel. ``config`` (tests and
-    benchmarks): ``gluon=False`` keeps this Triton kernel (its other keys override
-    :data:`PAGED_CONFIGS`); ``gluon=dict(SPAN=..., STAGES=...)`` takes the Hopper kernel wherever it is
-    supported, with that launch (by default it is taken where :func:`kernel_sm90.preferred`).
+    benchmarks): keys of :data:`PAGED_CONFIGS` (``BLOCK_N``, ``PREFETCH``, ...) or ``gluon=False`` keep
+    this Triton kernel; ``gluon=dict(SPAN=..., STAGES=...)`` takes the Hopper kernel wherever it is
+    supported, with that launch; with no config it is taken where :func:`kernel_sm90.preferred`.
     """
     B, next_n, H, D = q.shape
     if B == 0 or max_context_len == 0:
         return out
     config = dict(config or {})
     gluon = config.pop("gluon", None)
+    if gluon is None and config:
+        gluon = False  # Triton launch keys given: they are for this kernel
     if (gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks)
             and (gluon is not None or kernel_sm90.preferred(cache_blocks.shape[1] // INDEXER_ROW_BYTES, next_n))):
         return kernel_sm90.launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits,
