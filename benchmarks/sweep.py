@@ -7,6 +7,8 @@ Groups (shapes x configs):
   mla_small_h   sparse MLA decode, s_q 1, topk 2048, 32K context per request, h_q 16/32, fp8_ds_mla and
                 bf16 caches, batch 1/32/64/128; grid block_n x num_stages x num_warps x num_splits
   mla_prefill_small_h  sparse MLA bf16 prefill h_q 32/16 (tile x warps x stages); prefill with sorted index lists
+  mla_small_h_rows     h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: defaults against the
+                Gluon kernel with the gathered rows as the M dimension
   mla_small_h_padded   h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: defaults against one
                 padded 64-head group (the Gluon kernel on sm_90)
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
@@ -73,6 +75,27 @@ def mla_small_h_fp8():
 
 
 PADDED_64 = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=False, per_sm=None)
+
+
+ROWS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, per_sm=1, rows=True)
+
+
+def mla_small_h_rows():
+    """Small head counts (16, 32): the defaults against the Gluon kernel with the rows as the M dimension
+    (``rows``, split counts around one program per SM), decode over both formats and bf16 prefill."""
+    out = []
+    for fmt in ("fp8_ds_mla", "bf16"):
+        for h in (16, 32):
+            for b in (1, 32, 64, 128):
+                name = f"mla_{fmt}_h{h}_b{b}"
+                alt = {1: (8, 32), 32: (2, 8), 64: (1, 4), 128: (2,)}[b]
+                for cfg, ns in [({}, None), (ROWS, None)] + [(ROWS, n) for n in alt]:
+                    out.append(dict(group="mla_small_h_rows", shape=name, args=(b, 1, h, 32768, fmt), cfg=cfg, ns=ns))
+    for h in (32, 16):
+        for cfg in ({}, ROWS):
+            out.append(dict(group="mla_small_h_rows", shape=f"mla_bf16_prefill_h{h}", args=(1, 4096, h, 131072, "bf16"),
+                            cfg=cfg, ns=None))
+    return out
 
 
 def mla_small_h_padded():
@@ -149,7 +172,8 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
+GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+              mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 
 # ------------------------------------------------------------------------------ inputs and calls

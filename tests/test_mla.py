@@ -505,32 +505,54 @@ def test_gpu_sm90_rising_and_strided():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (64, 16, 2048, None), (5, 32, 1000, 3),
-                                             (2, 32, 2048, None), (7, 24, 129, 1)])
-def test_gpu_sm90_small_heads_fp8_padded(T, H, topk, splits, monkeypatch):
-    """fp8_ds_mla with 16-32 heads on sm_90: by default one padded 64-head group on the Gluon kernel (the heads
-    past h_q masked: never written, never NaN in the kept ones), against the reference and against the small-head
-    Triton programs (``gluon=False``); a bf16 cache keeps the Triton programs."""
+@pytest.mark.parametrize("T,H,kv_format,rows", [(64, 16, "fp8_ds_mla", True), (3, 32, "fp8_ds_mla", True),
+                                                (200, 16, "fp8_ds_mla", True), (64, 16, "bf16", True),
+                                                (65, 16, "bf16", False), (100, 32, "bf16", True), (5, 64, "bf16", False)])
+def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, rows, monkeypatch):
+    """Without a config, small head groups on sm_90 take the rows-as-M Gluon kernel for fp8_ds_mla, 32-head
+    groups and 16-head bf16 calls of at most 64 tokens, else the Triton programs (64 heads: the 64-head kernel);
+    either way equal to the reference."""
     kernel_sm90 = _sm90_or_skip()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, "fp8_ds_mla", seed=T * H + topk, with_len=True,
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
+    calls = []
+    launch = kernel_sm90.launch
+    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(k.get("block_h")), launch(*a, **k))[1])
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
+    assert calls == ([H] if rows else ([64] if H == 64 else []))
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (40, 16, 2048, 2), (5, 32, 1000, 3), (2, 32, 2048, None),
+                                             (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, monkeypatch):
+    """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
+    masked one) against the reference and the small-head Triton programs: tails, invalid entries, empty rows,
+    topk_length, sink, splits, NaN in unused slots, poisoned out; bitwise deterministic; the launch took it."""
+    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
+
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 1, with_len=True,
                                           with_sink=True, empty_rows=(1,) if T > 2 else ())
     calls = []
     launch = kernel_sm90.launch
-    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
+    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(k.get("block_h")), launch(*a, **k))[1])
     flat = ref_mod.flat_kv(kv)
-    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits)
-    assert got[0] is out and len(calls) == 1
+    outs = []
+    for _ in range(2):
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits,
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32))
+        assert got[0] is out
+        outs.append(got)
+    assert calls == [16 if H <= 16 else 32] * 2
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(got, want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits)))
-    again = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits)
-    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    assert_matches(outs[0], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
     portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
     assert len(calls) == 2
-    assert_matches(got, portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
-    qb, kvb, idxb, smb, _, _ = make_case(T, H, topk, 4096, "bf16", seed=5)
-    sparse_mla_triton(qb, ref_mod.flat_kv(kvb), idxb, smb, D_V, None, None, None)
-    assert len(calls) == 2
+    assert_matches(outs[0], portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
 
 
 @pytest.mark.gpu

@@ -30,10 +30,10 @@ Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Trito
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
 about 1.5x the useful MMA work. On Hopper (sm_90) 64-head groups therefore go to the Gluon kernel of
 :mod:`dsa.mla.kernel_sm90`, which places the work on the warpgroups by hand (same arguments, same
-results; ``config=dict(gluon=False)`` keeps this kernel). So do fp8_ds_mla calls with 16 or 32 heads
-on sm_90, padded to one 64-head group (measured faster than this kernel's small-head programs; not
-for bf16 caches or prefill, where it was slower). Measured numbers are in BENCHMARKS.md
-(benchmarks/bench_mla.py, sweep.py).
+results; ``config=dict(gluon=False)`` keeps this kernel). Small head groups (16/32) go to its second
+kernel, which makes the gathered rows the M dimension, for fp8_ds_mla, 32-head groups and short bf16
+calls (:func:`sm90_rows_preferred`). Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
+sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
 of P cost more than the per-value multiply), so each value is dequantised once, as here.
@@ -337,12 +337,20 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
-#: fp8_ds_mla with 16 or 32 heads on sm_90: one 64-head group, padded (the heads past h_q are masked), so
-#: that the Gluon kernel serves it; one program per SM aimed at by the split choice. Measured on the H200
-#: (BENCHMARKS.md), s_q 1, 32K contexts, CUDA graphs: h_q 16 batch 64 103 -> 79 us, h_q 32 batch 64
-#: 137 -> 82 us, batch 128 187 / 256 -> 151 / 157 us, batch 1 20 / 23 -> 19 us. Not for bf16 caches or
-#: prefill, where the small-head Triton programs measured faster.
-SM90_PADDED_SMALL_HEADS_FP8 = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=False, per_sm=1)
+#: 16/32-head groups on sm_90: the Gluon kernel that makes the gathered rows the M dimension of both
+#: products (``block_h`` from :func:`block_h_for`; one 4-warp program per SM, 132-185 KiB of shared
+#: memory). Taken by default for fp8_ds_mla, for 32-head groups, and for 16-head bf16 calls of at most
+#: 64 tokens (:func:`sm90_rows_preferred`). Measured on the H200 (BENCHMARKS.md), s_q 1, 32K contexts,
+#: CUDA graphs, batch 64: fp8 h_q 16 70.3 us (the small-head Triton programs 103, the kernel padded to
+#: 64 heads 79), h_q 32 79.4 us (137 / 82); bf16 h_q 32 60.3 us (69.0).
+SM90_ROWS_SMALL_HEADS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, per_sm=1, rows=True)
+
+
+def sm90_rows_preferred(block_h: int, is_fp8: bool, T: int) -> bool:
+    """Whether the default launch takes the small-head Gluon kernel (where it is supported): every
+    fp8_ds_mla call and every 32-head group; 16-head bf16 groups up to 64 tokens (beyond, e.g. batch 128
+    decode (91.0 against 87.4 us) and prefill (2.60 against 2.04 ms), the Triton programs measured faster)."""
+    return block_h < 64 and (is_fp8 or block_h == 32 or T <= 64)
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
@@ -352,9 +360,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
     split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
-    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call). Without ``config``,
-    fp8_ds_mla calls with 16 or 32 heads on sm_90 run as one padded 64-head group on the Gluon kernel
-    (:data:`SM90_PADDED_SMALL_HEADS_FP8`).
+    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``rows=True`` with a
+    16/32-head group takes its small-head kernel). Without ``config``, small head groups on sm_90 take
+    that kernel where :func:`sm90_rows_preferred`.
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -374,9 +382,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
     cfg = default_config(h_q, is_fp8, T)
-    if (not config and is_fp8 and cfg["block_h"] < 64 and kernel_sm90 is not None
-            and kernel_sm90.supported(q, kv, kernel_sm90.BLOCK_H)):
-        cfg = dict(SM90_PADDED_SMALL_HEADS_FP8)
+    if (not config and kernel_sm90 is not None and sm90_rows_preferred(cfg["block_h"], is_fp8, T)
+            and kernel_sm90.supported(q, kv, cfg["block_h"])):
+        cfg.update(SM90_ROWS_SMALL_HEADS)
     cfg.update(config or {})
     bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
     n_hg = triton.cdiv(h_q, bh)
@@ -397,13 +405,14 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
                indices, indices.stride(0), len_arg, sink_arg)
     scale_log2 = float(sm_scale) * _LOG2E
     # Hopper, 64-head groups (either cache format): the Gluon kernel (work placed on warpgroups by hand)
+    # Hopper, 16/32-head groups with ``rows``: the Gluon kernel with the rows as the M dimension
     use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
-                and bn == kernel_sm90.BLOCK_N)
+                and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
 
     def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
         if use_sm90:
             kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
-                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split)
+                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh)
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                          T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)

@@ -1,4 +1,7 @@
-"""Sparse MLA for 64-head groups on Hopper (sm_90), written in Gluon; both cache formats.
+"""Sparse MLA on Hopper (sm_90), written in Gluon; both cache formats. Two kernels: 64-head groups
+(below), and 16/32-head groups (:func:`_sparse_mla_sm90_rows_kernel`: one warpgroup, the gathered rows
+as the M dimension of both products, S^T = K q^T and O^T = V^T P^T, with the same copies, dequantisation
+and epilogue; 4 warps and 132-185 KiB of shared memory, one program per SM).
 
 Why a second kernel: the portable Triton kernel (:mod:`dsa.mla.kernel`) cannot place work on
 warpgroups. For the chained QK -> PV dots of a 64-head group Triton lays the logits over both
@@ -247,14 +250,157 @@ def _sparse_mla_sm90_kernel(
     gl.store(ml_ptr + ml_off, ml, mask=hmask)
 
 
+@gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
+def _sparse_mla_sm90_rows_kernel(
+    q_ptr, stride_qt, stride_qh,
+    nope_ptr, stride_nope,
+    scale_ptr, stride_scale,
+    rope_ptr, stride_rope,
+    idx_ptr, stride_it,
+    len_ptr, sink_ptr,
+    out_ptr, stride_ot, stride_oh, stride_os,
+    ml_ptr, lse_ptr,
+    T, h_q, S, topk, split_len,
+    sm_scale_log2,
+    BH: gl.constexpr, IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+):
+    """Small head groups (``BH`` = 16 or 32 heads), one warpgroup: the gathered rows are the M dimension of
+    both products and the heads their N (S^T = K q^T, O^T = V^T P^T), so no MMA work is spent on padding
+    heads. Same arguments, tiles, copies and epilogue as :func:`_sparse_mla_sm90_kernel`."""
+    BN: gl.constexpr = 64
+    DV: gl.constexpr = 512
+    DR: gl.constexpr = 64
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16)
+    KN_BUFS: gl.constexpr = 1 if IS_FP8 else 2
+
+    pid = gl.program_id(0)
+    sid = gl.program_id(1)
+    n_hg = gl.cdiv(h_q, BH)
+    t = pid // n_hg
+    hg = pid % n_hg
+    t64 = t.to(gl.int64)
+
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
+    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
+    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [KN_BUFS, BN, DV], sh)
+    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH], p_sh)
+    if IS_FP8:
+        raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
+    end = topk
+    if HAS_LEN:
+        end = gl.minimum(end, gl.load(len_ptr + t))
+    start = sid * split_len
+    stop = gl.minimum(start + split_len, end)
+    n_tiles = gl.cdiv(gl.maximum(stop - start, 0), BN)
+    idx_row = idx_ptr + t64 * stride_it
+
+    row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
+    row_cp8: gl.constexpr = gl.SliceLayout(1, cp8_l)
+    if IS_FP8:
+        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp8)
+        sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(0), nope_ptr, stride_nope, scale_ptr,
+                                             stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR, cp8_l, cp_l)
+        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp8)
+    else:
+        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
+        _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid,
+                    rows, DV, DR, cp_l)
+        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
+    offs_hq = hg * BH + gl.arange(0, BH, row_cp)
+    q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
+    q_mask = (offs_hq < h_q)[:, None]
+    q_nope_smem.store(gl.load(q_row + gl.arange(0, DV, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+    q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+
+    head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    m_i = gl.full([BH], float("-inf"), gl.float32, head_s)
+    l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums, reduced over the rows at the end
+    acc = gl.zeros([DV, BH], gl.float32, o_layout)  # O^T
+    s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
+
+    for i in range(n_tiles):
+        buf = i % 2
+        n0 = start + i * BN
+        cp.wait_group(0)
+        if IS_FP8:
+            gl.thread_barrier()
+            kn = k_nope_smem.index(0)
+            _dequant_group(raw_smem, kn, sc0, 0, cp8_l)
+            _dequant_group(raw_smem, kn, sc1, 1, cp8_l)
+            _dequant_group(raw_smem, kn, sc2, 2, cp8_l)
+            _dequant_group(raw_smem, kn, sc3, 3, cp8_l)
+        else:
+            kn = k_nope_smem.index(buf)
+        fence_async_shared()
+        gl.thread_barrier()
+        kr = k_rope_smem.index(buf)
+        s = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), s, is_async=True)
+        if IS_FP8:
+            sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(1 - buf), nope_ptr, stride_nope,
+                                                 scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR,
+                                                 cp8_l, cp_l)
+            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp8)
+        else:
+            _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
+                        stride_rope, valid, rows, DV, DR, cp_l)
+            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
+        valid_s, _ = _tile_rows(idx_row, n0, stop, S, BN, gl.SliceLayout(1, s_layout))
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+
+        s = gl.where(valid_s[:, None], s * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_2d = l_2d * alpha[None, :] + p
+        m_i = m_new
+
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
+        acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc * alpha_o[None, :], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    cp.wait_group(0)
+
+    l_i = gl.sum(l_2d, 0)
+    head_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    l_o = gl.convert_layout(l_i, head_o)
+    m_o = gl.convert_layout(m_i, head_o)
+    offs_h = hg * BH + gl.arange(0, BH, head_o)
+    hmask = offs_h < h_q
+    offs_d = gl.arange(0, DV, gl.SliceLayout(1, o_layout))
+    inv, lse, ml = row_stats(l_o, m_o, sink_ptr, offs_h, hmask, HAS_SINK, SPLIT)
+    if SPLIT:
+        o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + offs_h[None, :] * stride_oh
+        ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
+        gl.store(o_ptrs + offs_d[:, None], acc * inv[None, :], mask=hmask[None, :])
+    else:
+        o_ptrs = out_ptr + t64 * stride_ot + offs_h[None, :] * stride_oh
+        ml_off = t64 * h_q + offs_h
+        gl.store(o_ptrs + offs_d[:, None], (acc * inv[None, :]).to(gl.bfloat16), mask=hmask[None, :])
+    gl.store(lse_ptr + ml_off, lse, mask=hmask)
+    gl.store(ml_ptr + ml_off, ml, mask=hmask)
+
+
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
-    """Whether this kernel serves the call: 64-head groups on a CUDA device of compute capability 9.x,
-    not under the Triton interpreter, either cache format (``kv`` the flat ``[S, 576]`` bf16 or
-    ``[S, 656]`` uint8 view) starting on a 16-byte boundary (its rows are copied in 16-byte pieces; a
-    cache that does not is served by the Triton kernel)."""
+    """Whether these kernels serve the call: head groups of 64 (:func:`_sparse_mla_sm90_kernel`) or of 16
+    or 32 (:func:`_sparse_mla_sm90_rows_kernel`) on a CUDA device of compute capability 9.x, not under the
+    Triton interpreter, either cache format (``kv`` the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view)
+    starting on a 16-byte boundary (its rows are copied in 16-byte pieces; a cache that does not is
+    served by the Triton kernel)."""
     from ..backend import interpreter_on
 
-    if interpreter_on() or q.device.type != "cuda" or block_h != BLOCK_H or kv.data_ptr() % 16:
+    if interpreter_on() or q.device.type != "cuda" or block_h not in (16, 32, BLOCK_H) or kv.data_ptr() % 16:
         return False
     return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
@@ -265,14 +411,17 @@ def _is_sm90(device_index: int) -> bool:
 
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
-           stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split):
+           stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
-    :func:`supported`)."""
+    :func:`supported`): the 64-head kernel, or the small-head one for ``block_h`` 16 / 32."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
-    _sparse_mla_sm90_kernel[grid](
-        q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
-        indices.stride(0),
-        len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2,
-        IS_FP8=nope.dtype != torch.bfloat16, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, num_warps=NUM_WARPS)
+    args = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
+            indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk,
+            split_len, scale_log2)
+    flags = dict(IS_FP8=nope.dtype != torch.bfloat16, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split)
+    if block_h == BLOCK_H:
+        _sparse_mla_sm90_kernel[grid](*args, **flags, num_warps=NUM_WARPS)
+    else:
+        _sparse_mla_sm90_rows_kernel[grid](*args, BH=block_h, **flags, num_warps=4)
