@@ -105,6 +105,68 @@ def _dequant_group(raw_smem, kn_smem, sc, g: gl.constexpr, cp8_l: gl.constexpr):
     kn_smem.slice(g * 128, 128, dim=1).store((raw.to(gl.float32) * sc[:, None]).to(gl.bfloat16))
 
 
+@gluon.jit
+def _span(len_ptr, t, sid, topk, split_len, BN: gl.constexpr, HAS_LEN: gl.constexpr):
+    """This program's part of the token's index list: ``[start, stop)`` and its number of tiles."""
+    end = topk
+    if HAS_LEN:
+        end = gl.minimum(end, gl.load(len_ptr + t))
+    start = sid * split_len
+    stop = gl.minimum(start + split_len, end)
+    return start, stop, gl.cdiv(gl.maximum(stop - start, 0), BN)
+
+
+@gluon.jit
+def _issue(raw_smem, k_nope_smem, rope_smem, nbuf, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
+           stride_rope, valid, rows, IS_FP8: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, cp_l: gl.constexpr,
+           cp8_l: gl.constexpr):
+    """One tile's copies: bf16 into buffer ``nbuf`` of the tile; fp8_ds_mla into the raw buffer, returning
+    the rows' group scales (zeros for bf16)."""
+    if IS_FP8:
+        s0, s1, s2, s3 = _issue_tile_fp8(raw_smem, rope_smem, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                                         rope_ptr, stride_rope, valid, rows, DV, DR, cp8_l, cp_l)
+    else:
+        _issue_tile(k_nope_smem.index(nbuf), rope_smem, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows,
+                    DV, DR, cp_l)
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+    return s0, s1, s2, s3
+
+
+@gluon.jit
+def _tile_ready(raw_smem, k_nope_smem, buf, sc0, sc1, sc2, sc3, IS_FP8: gl.constexpr, cp8_l: gl.constexpr):
+    """After this thread's copies of the tile have landed: (fp8_ds_mla) once everyone's raw bytes are in and
+    every warp is done with the bf16 tile (P.V of the previous tile), dequantise them (fp8 x group scale in
+    fp32, rounded to bf16) into it; then make the tile visible to wgmma (async proxy) and wait for every warp
+    (everyone's tile is in; every warp is done with P and with the previous tile's buffers, which take the
+    next tile now). Returns the tile's bf16 values."""
+    if IS_FP8:
+        gl.thread_barrier()
+        kn = k_nope_smem.index(0)
+        _dequant_group(raw_smem, kn, sc0, 0, cp8_l)
+        _dequant_group(raw_smem, kn, sc1, 1, cp8_l)
+        _dequant_group(raw_smem, kn, sc2, 2, cp8_l)
+        _dequant_group(raw_smem, kn, sc3, 3, cp8_l)
+    else:
+        kn = k_nope_smem.index(buf)
+    fence_async_shared()
+    gl.thread_barrier()
+    return kn
+
+
+@gluon.jit
+def _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH: gl.constexpr, DV: gl.constexpr,
+            DR: gl.constexpr, cp_l: gl.constexpr):
+    """The head group's q rows (plain loads; heads past h_q are zero) into shared memory."""
+    offs_hq = hg * BH + gl.arange(0, BH, gl.SliceLayout(1, cp_l))
+    q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
+    q_mask = (offs_hq < h_q)[:, None]
+    q_nope_smem.store(gl.load(q_row + gl.arange(0, DV, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+    q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+
+
 @gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_sm90_kernel(
     q_ptr, stride_qt, stride_qh,
@@ -146,33 +208,19 @@ def _sparse_mla_sm90_kernel(
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
     if IS_FP8:
         raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    else:
+        raw_smem = k_nope_smem  # not used
 
-    end = topk
-    if HAS_LEN:
-        end = gl.minimum(end, gl.load(len_ptr + t))
-    start = sid * split_len
-    stop = gl.minimum(start + split_len, end)
-    n_tiles = gl.cdiv(gl.maximum(stop - start, 0), BN)
+    start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
     idx_row = idx_ptr + t64 * stride_it
 
     # first tile's copies, the next tile's indices, then q (plain loads into shared memory) while they fly
-    row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
-    row_cp8: gl.constexpr = gl.SliceLayout(1, cp8_l)
-    if IS_FP8:
-        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp8)
-        sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(0), nope_ptr, stride_nope, scale_ptr,
-                                             stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR, cp8_l, cp_l)
-        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp8)
-    else:
-        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
-        _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid,
-                    rows, DV, DR, cp_l)
-        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
-    offs_hq = hg * BH + gl.arange(0, BH, row_cp)
-    q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
-    q_mask = (offs_hq < h_q)[:, None]
-    q_nope_smem.store(gl.load(q_row + gl.arange(0, DV, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
-    q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+    row_idx: gl.constexpr = gl.SliceLayout(1, cp8_l if IS_FP8 else cp_l)  # the index vectors' layout
+    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_idx)
+    sc0, sc1, sc2, sc3 = _issue(raw_smem, k_nope_smem, k_rope_smem.index(0), 0, nope_ptr, stride_nope, scale_ptr,
+                                stride_scale, rope_ptr, stride_rope, valid, rows, IS_FP8, DV, DR, cp_l, cp8_l)
+    valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_idx)
+    _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, DV, DR, cp_l)
 
     m_i = gl.full([BH], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_2d = gl.zeros([BH, BN], gl.float32, s_layout)  # per-column partial sums: no cross-warp sum per tile
@@ -183,34 +231,15 @@ def _sparse_mla_sm90_kernel(
         buf = i % 2
         n0 = start + i * BN
         cp.wait_group(0)  # this thread's copies of tile i have landed
-        if IS_FP8:
-            # everyone's raw bytes of tile i are in and both warpgroups are done with the bf16 tile (P.V of
-            # tile i - 1): dequantise (fp8 x group scale in fp32, rounded to bf16) into it
-            gl.thread_barrier()
-            kn = k_nope_smem.index(0)
-            _dequant_group(raw_smem, kn, sc0, 0, cp8_l)
-            _dequant_group(raw_smem, kn, sc1, 1, cp8_l)
-            _dequant_group(raw_smem, kn, sc2, 2, cp8_l)
-            _dequant_group(raw_smem, kn, sc3, 3, cp8_l)
-        else:
-            kn = k_nope_smem.index(buf)
-        fence_async_shared()  # visible to wgmma (async proxy)
-        # everyone's tile i is in (and, fp8, the raw buffer is free); both warpgroups are done with P and with
-        # the buffers of tile i - 1, which take tile i + 1 now
-        gl.thread_barrier()
+        kn = _tile_ready(raw_smem, k_nope_smem, buf, sc0, sc1, sc2, sc3, IS_FP8, cp8_l)
         kr = k_rope_smem.index(buf)
         s = warpgroup_mma(q_rope_smem, kr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_nope_smem, kn.permute((1, 0)), s, is_async=True)
         # while QK runs: tile i + 1's copies (indices loaded one iteration ago), tile i + 2's indices
-        if IS_FP8:
-            sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(1 - buf), nope_ptr, stride_nope,
-                                                 scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR,
-                                                 cp8_l, cp_l)
-            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp8)
-        else:
-            _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
-                        stride_rope, valid, rows, DV, DR, cp_l)
-            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
+        sc0, sc1, sc2, sc3 = _issue(raw_smem, k_nope_smem, k_rope_smem.index(1 - buf), 1 - buf, nope_ptr, stride_nope,
+                                    scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, IS_FP8, DV, DR, cp_l,
+                                    cp8_l)
+        valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_idx)
         valid_s, _ = _tile_rows(idx_row, n0, stop, S, BN, gl.SliceLayout(0, s_layout))
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
 
@@ -293,32 +322,18 @@ def _sparse_mla_sm90_rows_kernel(
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH], p_sh)
     if IS_FP8:
         raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    else:
+        raw_smem = k_nope_smem  # not used
 
-    end = topk
-    if HAS_LEN:
-        end = gl.minimum(end, gl.load(len_ptr + t))
-    start = sid * split_len
-    stop = gl.minimum(start + split_len, end)
-    n_tiles = gl.cdiv(gl.maximum(stop - start, 0), BN)
+    start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
     idx_row = idx_ptr + t64 * stride_it
 
-    row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
-    row_cp8: gl.constexpr = gl.SliceLayout(1, cp8_l)
-    if IS_FP8:
-        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp8)
-        sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(0), nope_ptr, stride_nope, scale_ptr,
-                                             stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR, cp8_l, cp_l)
-        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp8)
-    else:
-        valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_cp)
-        _issue_tile(k_nope_smem.index(0), k_rope_smem.index(0), nope_ptr, stride_nope, rope_ptr, stride_rope, valid,
-                    rows, DV, DR, cp_l)
-        valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_cp)
-    offs_hq = hg * BH + gl.arange(0, BH, row_cp)
-    q_row = q_ptr + t64 * stride_qt + offs_hq[:, None] * stride_qh
-    q_mask = (offs_hq < h_q)[:, None]
-    q_nope_smem.store(gl.load(q_row + gl.arange(0, DV, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
-    q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
+    row_idx: gl.constexpr = gl.SliceLayout(1, cp8_l if IS_FP8 else cp_l)  # the index vectors' layout
+    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_idx)
+    sc0, sc1, sc2, sc3 = _issue(raw_smem, k_nope_smem, k_rope_smem.index(0), 0, nope_ptr, stride_nope, scale_ptr,
+                                stride_scale, rope_ptr, stride_rope, valid, rows, IS_FP8, DV, DR, cp_l, cp8_l)
+    valid, rows = _tile_rows(idx_row, start + BN, stop, S, BN, row_idx)
+    _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, DV, DR, cp_l)
 
     head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     m_i = gl.full([BH], float("-inf"), gl.float32, head_s)
@@ -329,30 +344,16 @@ def _sparse_mla_sm90_rows_kernel(
     for i in range(n_tiles):
         buf = i % 2
         n0 = start + i * BN
-        cp.wait_group(0)
-        if IS_FP8:
-            gl.thread_barrier()
-            kn = k_nope_smem.index(0)
-            _dequant_group(raw_smem, kn, sc0, 0, cp8_l)
-            _dequant_group(raw_smem, kn, sc1, 1, cp8_l)
-            _dequant_group(raw_smem, kn, sc2, 2, cp8_l)
-            _dequant_group(raw_smem, kn, sc3, 3, cp8_l)
-        else:
-            kn = k_nope_smem.index(buf)
-        fence_async_shared()
-        gl.thread_barrier()
+        cp.wait_group(0)  # this thread's copies of tile i have landed
+        kn = _tile_ready(raw_smem, k_nope_smem, buf, sc0, sc1, sc2, sc3, IS_FP8, cp8_l)
         kr = k_rope_smem.index(buf)
         s = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), s, is_async=True)
-        if IS_FP8:
-            sc0, sc1, sc2, sc3 = _issue_tile_fp8(raw_smem, k_rope_smem.index(1 - buf), nope_ptr, stride_nope,
-                                                 scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, DV, DR,
-                                                 cp8_l, cp_l)
-            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp8)
-        else:
-            _issue_tile(k_nope_smem.index(1 - buf), k_rope_smem.index(1 - buf), nope_ptr, stride_nope, rope_ptr,
-                        stride_rope, valid, rows, DV, DR, cp_l)
-            valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_cp)
+        # while QK runs: tile i + 1's copies (indices loaded one iteration ago), tile i + 2's indices
+        sc0, sc1, sc2, sc3 = _issue(raw_smem, k_nope_smem, k_rope_smem.index(1 - buf), 1 - buf, nope_ptr, stride_nope,
+                                    scale_ptr, stride_scale, rope_ptr, stride_rope, valid, rows, IS_FP8, DV, DR, cp_l,
+                                    cp8_l)
+        valid, rows = _tile_rows(idx_row, n0 + 2 * BN, stop, S, BN, row_idx)
         valid_s, _ = _tile_rows(idx_row, n0, stop, S, BN, gl.SliceLayout(1, s_layout))
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
 
