@@ -89,6 +89,7 @@ def test_run_rejects_unservable_request_clearly(capsys):
 def test_console_entry_point_info():
     out = subprocess.run([sys.executable, "-m", "dsa", "info"], capture_output=True, text=True, check=True).stdout
     assert "auto backend" in out
+    assert "Hopper kernels (Gluon): " in out
 
 
 def test_bad_arguments_are_clear(capsys):
