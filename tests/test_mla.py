@@ -600,3 +600,18 @@ def test_mla_gather_ceiling_walk(fmt):
     want = words[torch.where(ok, idx, 0).long().cpu()].sum(-1)
     want = ((want + 2**31) % 2**32 - 2**31) * ok.cpu()
     assert torch.equal(out.cpu().long(), want)
+
+
+def test_sm90_small_head_kernel_choice_rules():
+    """Which sparse-MLA kernel small head groups get on sm_90 by default (the rules the H200 sweeps chose,
+    BENCHMARKS.md); off an sm_90 GPU or under the interpreter the Gluon kernels never serve a call."""
+    from dsa.mla import kernel_sm90
+    from dsa.mla.kernel import sm90_rows_preferred
+
+    assert sm90_rows_preferred(16, True, 10_000) and sm90_rows_preferred(32, True, 1)
+    assert sm90_rows_preferred(32, False, 10_000) and sm90_rows_preferred(16, False, 64)
+    assert not sm90_rows_preferred(16, False, 65) and not sm90_rows_preferred(64, True, 1)
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        q = torch.zeros(2, 16, D_QK, dtype=torch.bfloat16, device=DEVICE)
+        kv = torch.zeros(8, D_QK, dtype=torch.bfloat16, device=DEVICE)
+        assert not any(kernel_sm90.supported(q, kv, bh) for bh in (16, 32, 64))

@@ -675,3 +675,20 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(bs, monkeypatch):
     assert_logits_match(fp8_paged_mqa_logits(q1, cache1, w1, ctx1, bt1, len1),
                         fp8_paged_mqa_logits_ref(q1, cache1, w1, ctx1, bt1, len1))
     assert len(calls) == 2
+
+
+def test_paged_hopper_kernel_choice_rules():
+    """Which decode kernel a call gets (the rules the H200 measurements chose, BENCHMARKS.md): the Hopper kernel
+    everywhere it is supported but block size 1 with next_n 1; never off an sm_90 GPU or under the interpreter."""
+    from dsa.mqa_logits import kernel_sm90
+
+    assert not kernel_sm90.preferred(1, 1)
+    assert all(kernel_sm90.preferred(bs, nn) for bs in (1, 2, 16, 64, 256) for nn in (1, 2, 3, 4) if (bs, nn) != (1, 1))
+    for bs in (1, 2, 4, 16, 32, 64, 256):
+        for nn in (1, 2, 4):
+            cfg = kernel_sm90.default_config(bs, nn)
+            assert cfg["SPAN"] % 64 == 0 and cfg["STAGES"] >= 2
+    if not (ON_GPU and torch.cuda.get_device_capability()[0] == 9):
+        q = torch.zeros(1, 1, 64, D, dtype=FP8, device=DEVICE)
+        cache = torch.zeros(3, 64 * 132, dtype=torch.uint8, device=DEVICE)
+        assert not kernel_sm90.supported(q, cache)

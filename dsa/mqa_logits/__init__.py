@@ -9,7 +9,9 @@ fp8 products, fp32 accumulation. Row i's valid keys are ``ks[i] <= j < ke[i]``
 (prefill) or ``0 <= s < limit`` (decode); with ``clean_logits=True`` every other
 entry of the output is ``-inf``; with ``clean_logits=False`` those entries are
 unspecified (possibly left unwritten), but valid entries are never NaN: unused
-cache slots are never read.
+cache slots never reach the output (the Triton kernels do not read them; the
+Hopper decode kernel may copy the rest of a request's last block with its tile
+and replaces those positions without multiplying them).
 """
 from __future__ import annotations
 
@@ -162,7 +164,7 @@ def fp8_paged_mqa_logits(
     Returns:
         ``[B*next_n, max_context_len]`` float32 (allocated here: row stride padded to a multiple of 4).
         No host-device synchronisation; CUDA-graph safe.
-        Cache slots beyond a request's context are never read (they may hold NaN). A block-table entry
+        Cache slots beyond a request's context never reach the output (they may hold NaN). A block-table entry
         outside ``[0, num_blocks)`` that a row needs is invalid input: the kernel reads nothing for it.
     """
     check_tensor("q", q, dtype=_FP8, ndim=4)
