@@ -15,6 +15,7 @@ is ``None`` the environment variable ``DSA_BACKEND`` (same values) decides, and
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,6 +50,20 @@ def triton_runs_on(device: torch.device) -> bool:
     if interpreter_on():
         return True
     return device.type == "cuda" and torch.cuda.is_available()  # ROCm shows up as "cuda" too
+
+
+def on_hopper(device: torch.device) -> bool:
+    """Whether ``device`` is an NVIDIA Hopper GPU (compute capability 9.x) and the Triton interpreter is
+    off: where the Gluon kernels (``dsa.*.kernel_sm90``) may serve a call. ROCm GPUs, which PyTorch also
+    calls "cuda" (an MI300 reports capability 9.4), are not."""
+    if interpreter_on() or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
 
 
 def resolve(backend: str | None, device: torch.device) -> str:

@@ -79,18 +79,15 @@ def _hopper_kernels() -> str:
     """Whether the sm_90 Gluon kernels (sparse_mla, fp8_paged_mqa_logits) serve calls on this machine."""
     import torch
 
-    from .backend import interpreter_on
+    from .backend import on_hopper
 
     try:
         from .mla import kernel_sm90  # noqa: F401
         from .mqa_logits import kernel_sm90 as _  # noqa: F401
     except ImportError as e:  # a Triton without Gluon
         return f"unavailable ({e})"
-    if interpreter_on() or not torch.cuda.is_available():
-        return "not used here (no GPU, or the CPU interpreter)"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return f"not used here (compute capability {major}.{minor}; the portable Triton kernels run)"
+    if not torch.cuda.is_available() or not on_hopper(torch.device("cuda")):
+        return "not used here (no NVIDIA Hopper GPU, or the CPU interpreter: the portable Triton kernels run)"
     return "used for sparse_mla (64-head groups; 16/32-head groups) and fp8_paged_mqa_logits"
 
 

@@ -30,3 +30,23 @@ def test_triton_unavailable_is_clear(monkeypatch):
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         backend.resolve("triton", torch.device("cpu"))
     assert backend.resolve("auto", torch.device("cpu")) == "reference"
+
+
+def test_on_hopper_never_on_rocm_cpu_or_interpreter(monkeypatch):
+    """The Gluon kernels' gate: a ROCm GPU (PyTorch calls it "cuda"; an MI300 reports capability 9.4) is not
+    Hopper, nor is the CPU or a run under the interpreter; an NVIDIA device of capability 9.x is."""
+    import dsa.backend as B
+
+    monkeypatch.setattr(B, "_capability_major", lambda i: 9)
+    monkeypatch.setattr(B, "interpreter_on", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert B.on_hopper(torch.device("cuda", 0))
+    assert not B.on_hopper(torch.device("cpu"))
+    monkeypatch.setattr(B, "_capability_major", lambda i: 8)
+    assert not B.on_hopper(torch.device("cuda", 0))
+    monkeypatch.setattr(B, "_capability_major", lambda i: 9)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not B.on_hopper(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(B, "interpreter_on", lambda: True)
+    assert not B.on_hopper(torch.device("cuda", 0))

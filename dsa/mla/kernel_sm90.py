@@ -38,8 +38,6 @@ the Triton kernel, which stays the path everywhere else.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -395,20 +393,13 @@ def _sparse_mla_sm90_rows_kernel(
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
     """Whether these kernels serve the call: head groups of 64 (:func:`_sparse_mla_sm90_kernel`) or of 16
-    or 32 (:func:`_sparse_mla_sm90_rows_kernel`) on a CUDA device of compute capability 9.x, not under the
-    Triton interpreter, either cache format (``kv`` the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view)
+    or 32 (:func:`_sparse_mla_sm90_rows_kernel`) on an NVIDIA Hopper GPU (:func:`dsa.backend.on_hopper`:
+    not ROCm, not under the Triton interpreter), either cache format (``kv`` the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view)
     starting on a 16-byte boundary (its rows are copied in 16-byte pieces; a cache that does not is
     served by the Triton kernel)."""
-    from ..backend import interpreter_on
+    from ..backend import on_hopper
 
-    if interpreter_on() or q.device.type != "cuda" or block_h not in (16, 32, BLOCK_H) or kv.data_ptr() % 16:
-        return False
-    return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _is_sm90(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+    return block_h in (16, 32, BLOCK_H) and kv.data_ptr() % 16 == 0 and on_hopper(q.device)
 
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,

@@ -35,8 +35,6 @@ this one is tested on the GPU against the reference and the Triton kernel, tests
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -268,11 +266,6 @@ def _paged_logits_sm90_kernel(
         mbarrier.invalidate(bars.index(t))
 
 
-@functools.lru_cache(maxsize=None)
-def _is_sm90(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
-
-
 def preferred(block_size: int, next_n: int) -> bool:
     """Whether the default dispatch takes this kernel where it is :func:`supported`: everywhere but block
     size 1 with next_n 1, where the Triton kernel measured faster (BENCHMARKS.md)."""
@@ -280,13 +273,13 @@ def preferred(block_size: int, next_n: int) -> bool:
 
 
 def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
-    """Whether this kernel serves the call (arguments already validated): a CUDA device of compute
-    capability 9.x, not under the Triton interpreter, the canonical ``[num_blocks, bs*132]`` cache view
+    """Whether this kernel serves the call (arguments already validated): an NVIDIA Hopper GPU
+    (:func:`dsa.backend.on_hopper`: not ROCm, not under the Triton interpreter), the canonical ``[num_blocks, bs*132]`` cache view
     with contiguous rows starting on a 16-byte boundary; with a block size that is a multiple of 32 (TMA)
     the cache must also be under 8 GiB."""
-    from ..backend import interpreter_on
+    from ..backend import on_hopper
 
-    if interpreter_on() or q.device.type != "cuda":
+    if not on_hopper(q.device):
         return False
     num_blocks, row = cache_blocks.shape
     bs = row // INDEXER_ROW_BYTES
@@ -294,7 +287,7 @@ def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
         return False
     if bs % 32 == 0 and num_blocks * row >= _MAX_CACHE_BYTES:
         return False
-    return _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    return True
 
 
 def launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits, out, config=None):
