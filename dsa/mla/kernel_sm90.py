@@ -165,6 +165,32 @@ def _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q,
     q_rope_smem.store(gl.load(q_row + DV + gl.arange(0, DR, gl.SliceLayout(0, cp_l))[None, :], mask=q_mask, other=0.0))
 
 
+@gluon.jit
+def _token_group(h_q, BH: gl.constexpr):
+    """This program's token, head group (of ``BH`` heads) and split: ``(t, t64, hg, sid)``."""
+    pid = gl.program_id(0)
+    n_hg = gl.cdiv(h_q, BH)
+    t = pid // n_hg
+    return t, t.to(gl.int64), pid % n_hg, gl.program_id(1)
+
+
+@gluon.jit
+def _alloc_tiles(BH: gl.constexpr, BN: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, IS_FP8: gl.constexpr):
+    """Shared memory for q, the gathered rows (two bf16 buffers; fp8_ds_mla: one bf16 tile dequantised from
+    one raw buffer) and their rope parts (two buffers): ``(q_nope, q_rope, k_nope, k_rope, raw)``."""
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    KN_BUFS: gl.constexpr = 1 if IS_FP8 else 2
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
+    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
+    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [KN_BUFS, BN, DV], sh)
+    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+    if IS_FP8:
+        raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    else:
+        raw_smem = k_nope_smem  # not used
+    return q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, raw_smem
+
+
 @gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_sm90_kernel(
     q_ptr, stride_qt, stride_qh,
@@ -190,24 +216,10 @@ def _sparse_mla_sm90_kernel(
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # 16-byte pieces, a row per 8 threads
     cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])  # fp8 values: 16-byte pieces
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    KN_BUFS: gl.constexpr = 1 if IS_FP8 else 2  # fp8: one bf16 tile, dequantised from one raw buffer
 
-    pid = gl.program_id(0)
-    sid = gl.program_id(1)
-    n_hg = gl.cdiv(h_q, BH)
-    t = pid // n_hg
-    hg = pid % n_hg
-    t64 = t.to(gl.int64)
-
-    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
-    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
-    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [KN_BUFS, BN, DV], sh)
-    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+    t, t64, hg, sid = _token_group(h_q, BH)
+    q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, raw_smem = _alloc_tiles(BH, BN, DV, DR, IS_FP8)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
-    if IS_FP8:
-        raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    else:
-        raw_smem = k_nope_smem  # not used
 
     start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
     idx_row = idx_ptr + t64 * stride_it
@@ -302,26 +314,11 @@ def _sparse_mla_sm90_rows_kernel(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_sh: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16)
-    KN_BUFS: gl.constexpr = 1 if IS_FP8 else 2
 
-    pid = gl.program_id(0)
-    sid = gl.program_id(1)
-    n_hg = gl.cdiv(h_q, BH)
-    t = pid // n_hg
-    hg = pid % n_hg
-    t64 = t.to(gl.int64)
-
-    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
-    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
-    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [KN_BUFS, BN, DV], sh)
-    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH], p_sh)
-    if IS_FP8:
-        raw_smem = gl.allocate_shared_memory(gl.float8e4nv, [BN, DV], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    else:
-        raw_smem = k_nope_smem  # not used
+    t, t64, hg, sid = _token_group(h_q, BH)
+    q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, raw_smem = _alloc_tiles(BH, BN, DV, DR, IS_FP8)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH], p_sh)  # P^T
 
     start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
     idx_row = idx_ptr + t64 * stride_it
