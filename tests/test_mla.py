@@ -24,12 +24,13 @@ import pytest
 import torch
 
 import dsa.mla.reference as ref_mod
+from dsa.backend import on_hopper
 from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK
 from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import choose_num_splits, sparse_mla_triton
-from utils import DEVICE, gen, poison_
+from utils import DEVICE, gen, poison_, record_launches, skip_unless_hopper
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
@@ -426,8 +427,7 @@ def test_gpu_large(kv_format, shape):
 def _sm90_or_skip():
     from dsa.mla import kernel_sm90
 
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        pytest.skip("the Gluon sparse-MLA kernel is for sm_90")
+    skip_unless_hopper()
     return kernel_sm90
 
 
@@ -455,9 +455,7 @@ def test_gpu_sm90_kernel(case, kv_format, monkeypatch):
         tl_[0] = topk
         if T > 2:
             tl_[2] = 0
-    calls = []
-    launch = kernel_sm90.launch
-    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
+    calls = record_launches(monkeypatch, kernel_sm90)
     flat = ref_mod.flat_kv(kv)
     outs = []
     for _ in range(2):
@@ -514,9 +512,7 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, rows, monkeypatc
     either way equal to the reference."""
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
-    calls = []
-    launch = kernel_sm90.launch
-    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(k.get("block_h")), launch(*a, **k))[1])
+    calls = record_launches(monkeypatch, kernel_sm90, "block_h")
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
     assert calls == ([H] if rows else ([64] if H == 64 else []))
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
@@ -535,9 +531,7 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, monkeypatch):
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 1, with_len=True,
                                           with_sink=True, empty_rows=(1,) if T > 2 else ())
-    calls = []
-    launch = kernel_sm90.launch
-    monkeypatch.setattr(kernel_sm90, "launch", lambda *a, **k: (calls.append(k.get("block_h")), launch(*a, **k))[1])
+    calls = record_launches(monkeypatch, kernel_sm90, "block_h")
     flat = ref_mod.flat_kv(kv)
     outs = []
     for _ in range(2):
@@ -611,7 +605,7 @@ def test_sm90_small_head_kernel_choice_rules():
     assert sm90_rows_preferred(16, True, 10_000) and sm90_rows_preferred(32, True, 1)
     assert sm90_rows_preferred(32, False, 10_000) and sm90_rows_preferred(16, False, 64)
     assert not sm90_rows_preferred(16, False, 65) and not sm90_rows_preferred(64, True, 1)
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+    if not on_hopper(torch.device(DEVICE)):
         q = torch.zeros(2, 16, D_QK, dtype=torch.bfloat16, device=DEVICE)
         kv = torch.zeros(8, D_QK, dtype=torch.bfloat16, device=DEVICE)
         assert not any(kernel_sm90.supported(q, kv, bh) for bh in (16, 32, 64))

@@ -15,8 +15,9 @@ import math
 
 import pytest
 import torch
-from utils import DEVICE, ON_GPU, gen, poison_, random_block_table
+from utils import DEVICE, ON_GPU, gen, poison_, random_block_table, record_launches, skip_unless_hopper
 
+from dsa.backend import on_hopper
 from dsa.bench import INDEXER_DECODE_SWEEP, INDEXER_PREFILL_SWEEP
 from dsa.layouts import indexer_cache_views
 from dsa.mqa_logits import (
@@ -573,16 +574,8 @@ def test_gather_ceiling_walk(bs, block_n, span):
 def _paged_sm90_or_skip():
     from dsa.mqa_logits import kernel_sm90
 
-    if not (ON_GPU and torch.cuda.get_device_capability()[0] == 9):
-        pytest.skip("the Gluon paged-logits kernel is for sm_90")
+    skip_unless_hopper()
     return kernel_sm90
-
-
-def _count_launches(monkeypatch, mod):
-    calls = []
-    launch = mod.launch
-    monkeypatch.setattr(mod, "launch", lambda *a, **k: (calls.append(1), launch(*a, **k))[1])
-    return calls
 
 
 @pytest.mark.gpu
@@ -610,7 +603,7 @@ def test_gpu_paged_sm90(lens, bs, next_n, two_d, H, gcfg, monkeypatch):
     1-D and 2-D context lengths, every head count, contexts not multiples of a tile, NaN in every unused cache
     slot, out poisoned; bitwise deterministic; and the launch really took it."""
     mod = _paged_sm90_or_skip()
-    calls = _count_launches(monkeypatch, mod)
+    calls = record_launches(monkeypatch, mod)
     g = gen(80 + bs + next_n + H)
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, two_d, H, g, max_len=max(lens) + 70)
     cfg = None if gcfg is None else dict(gluon=gcfg)
@@ -641,7 +634,7 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(bs, monkeypatch):
     logits are 0 as in the Triton kernel, the rest is unchanged. Calls the kernel does not serve (a cache not
     starting on a 16-byte boundary, rows of a wider allocation) run the Triton kernel."""
     mod = _paged_sm90_or_skip()
-    calls = _count_launches(monkeypatch, mod)
+    calls = record_launches(monkeypatch, mod)
     g = gen(91 + bs)
     lens, next_n = [700, 300], 2
     q, cache, w, ctx, bt, max_len, _, _ = _paged_case(lens, bs, next_n, False, 64, g)
@@ -688,7 +681,7 @@ def test_paged_hopper_kernel_choice_rules():
         for nn in (1, 2, 4):
             cfg = kernel_sm90.default_config(bs, nn)
             assert cfg["SPAN"] % 64 == 0 and cfg["STAGES"] >= 2
-    if not (ON_GPU and torch.cuda.get_device_capability()[0] == 9):
+    if not on_hopper(torch.device(DEVICE)):
         q = torch.zeros(1, 1, 64, D, dtype=FP8, device=DEVICE)
         cache = torch.zeros(3, 64 * 132, dtype=torch.uint8, device=DEVICE)
         assert not kernel_sm90.supported(q, cache)

@@ -13,6 +13,25 @@ def gen(seed: int) -> torch.Generator:
     return g
 
 
+def skip_unless_hopper():
+    """Skip a test of the Gluon (``kernel_sm90``) kernels unless an NVIDIA Hopper GPU is here."""
+    import pytest
+
+    from dsa.backend import on_hopper
+
+    if not (ON_GPU and on_hopper(torch.device("cuda"))):
+        pytest.skip("the Gluon kernels are for NVIDIA sm_90")
+
+
+def record_launches(monkeypatch, module, key: str | None = None) -> list:
+    """Wrap ``module.launch`` so that every call appends its keyword argument ``key`` (or None); returns
+    that list (tests use it to prove which kernel served a call)."""
+    calls = []
+    launch = module.launch
+    monkeypatch.setattr(module, "launch", lambda *a, **k: (calls.append(k.get(key) if key else None), launch(*a, **k))[1])
+    return calls
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill ``t`` with a value no correct kernel writes (NaN for floats, a sentinel otherwise)."""
     if t.dtype.is_floating_point:
