@@ -11,6 +11,7 @@ Groups (shapes x configs):
                 Gluon kernel with the gathered rows as the M dimension
   mla_small_h_padded   h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: defaults against one
                 padded 64-head group (the Gluon kernel on sm_90)
+  mla_producer  the Hopper Gluon kernel's producer settings against the defaults and the Triton kernel
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -77,7 +78,7 @@ def mla_small_h_fp8():
 PADDED_64 = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=False, per_sm=None)
 
 
-ROWS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, per_sm=1, rows=True)
+from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS as ROWS  # noqa: E402 (after the sys.path line above)
 
 
 def mla_small_h_rows():
@@ -135,6 +136,23 @@ def mla_large_h():
     return out
 
 
+def mla_producer():
+    """The Hopper Gluon kernel's producer warpgroup settings (registers; fp8 groups loaded before the buffer is
+    free) against the defaults and the Triton kernel: 64-head groups (bf16 prefill h_q 128 / 64, decode batch
+    128 x s_q 2 fp8 h_q 128 / 64 and bf16 h_q 128, fp8 h_q 128 at batch 1) and 16/32-head groups (decode s_q 1
+    at batch 1 / 64 / 128, bf16 prefill)."""
+    big = [("mla_bf16_prefill_h128", (1, 4096, 128, 131072, "bf16")), ("mla_bf16_prefill_h64", (1, 4096, 64, 131072, "bf16")),
+           ("mla_fp8_h128_b128_sq2", (128, 2, 128, 32768, "fp8_ds_mla")),
+           ("mla_fp8_h64_b128_sq2", (128, 2, 64, 32768, "fp8_ds_mla")),
+           ("mla_bf16_h128_b128_sq2", (128, 2, 128, 32768, "bf16")),
+           ("mla_fp8_ds_mla_h128_b1_sq2", (1, 2, 128, 32768, "fp8_ds_mla"))]
+    small = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
+             for b in (1, 64, 128)] + [(f"mla_bf16_prefill_h{h}", (1, 4096, h, 131072, "bf16")) for h in (32, 16)]
+    prods = [dict(regs=96, early=2), dict(regs=120, early=4)]
+    return [dict(group="mla_producer", shape=n, args=a, cfg=c, ns=None) for n, a in big + small
+            for c in [{}, dict(gluon=False)] + [dict(ROWS if a[2] < 64 else {}, producer=p) for p in prods]]
+
+
 def mla_prefill_small_h():
     """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
     prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
@@ -172,7 +190,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+GROUPS = dict(mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
               mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 

@@ -442,10 +442,11 @@ def _sm90_or_skip():
     dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
 ])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-def test_gpu_sm90_kernel(case, kv_format, monkeypatch):
-    """The Gluon kernel (Hopper, 64-head groups, both formats) against the reference: tails, head masks, splits,
-    topk_length and sink, invalid entries anywhere, NaN in unused slots, poisoned out; bitwise deterministic;
-    and the launch really took it."""
+@pytest.mark.parametrize("producer", [None, dict(early=2)])
+def test_gpu_sm90_kernel(case, kv_format, producer, monkeypatch):
+    """The Gluon kernel (Hopper, 64-head groups, both formats; the producer's default and, for fp8_ds_mla, two
+    groups loaded early) against the reference: tails, head masks, splits, topk_length and sink, invalid entries
+    anywhere, NaN in unused slots, poisoned out; bitwise deterministic; and the launch really took it."""
     kernel_sm90 = _sm90_or_skip()
     case = dict(case)
     splits = case.pop("splits", None)
@@ -455,15 +456,15 @@ def test_gpu_sm90_kernel(case, kv_format, monkeypatch):
         tl_[0] = topk
         if T > 2:
             tl_[2] = 0
-    calls = record_launches(monkeypatch, kernel_sm90)
+    calls = record_launches(monkeypatch, kernel_sm90, "producer")
     flat = ref_mod.flat_kv(kv)
     outs = []
     for _ in range(2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits)
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(producer=producer))
         assert got[0] is out
         outs.append(got)
-    assert len(calls) == 2
+    assert calls == [producer, producer]
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(outs[0], want, max_abs_v(kv, idx, S), str((T, H, topk, S, splits, kv_format)))
     for a, b in zip(outs[0], outs[1]):
@@ -503,18 +504,16 @@ def test_gpu_sm90_rising_and_strided():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,kv_format,rows", [(64, 16, "fp8_ds_mla", True), (3, 32, "fp8_ds_mla", True),
-                                                (200, 16, "fp8_ds_mla", True), (64, 16, "bf16", True),
-                                                (65, 16, "bf16", False), (100, 32, "bf16", True), (5, 64, "bf16", False)])
-def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, rows, monkeypatch):
-    """Without a config, small head groups on sm_90 take the rows-as-M Gluon kernel for fp8_ds_mla, 32-head
-    groups and 16-head bf16 calls of at most 64 tokens, else the Triton programs (64 heads: the 64-head kernel);
-    either way equal to the reference."""
+@pytest.mark.parametrize("T,H,kv_format", [(64, 16, "fp8_ds_mla"), (3, 32, "fp8_ds_mla"), (200, 16, "fp8_ds_mla"),
+                                           (64, 16, "bf16"), (65, 16, "bf16"), (100, 32, "bf16"), (5, 64, "bf16")])
+def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
+    """Without a config, every head group on sm_90 takes the Gluon kernel (16/32 heads: the rows as the M
+    dimension), equal to the reference."""
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
     calls = record_launches(monkeypatch, kernel_sm90, "block_h")
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
-    assert calls == ([H] if rows else ([64] if H == 64 else []))
+    assert calls == [H]
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
 
 
@@ -596,15 +595,10 @@ def test_mla_gather_ceiling_walk(fmt):
     assert torch.equal(out.cpu().long(), want)
 
 
-def test_sm90_small_head_kernel_choice_rules():
-    """Which sparse-MLA kernel small head groups get on sm_90 by default (the rules the H200 sweeps chose,
-    BENCHMARKS.md); off an sm_90 GPU or under the interpreter the Gluon kernels never serve a call."""
+def test_sm90_kernel_never_serves_off_hopper():
+    """Off an sm_90 GPU or under the interpreter the Gluon sparse-MLA kernel never serves a call."""
     from dsa.mla import kernel_sm90
-    from dsa.mla.kernel import sm90_rows_preferred
 
-    assert sm90_rows_preferred(16, True, 10_000) and sm90_rows_preferred(32, True, 1)
-    assert sm90_rows_preferred(32, False, 10_000) and sm90_rows_preferred(16, False, 64)
-    assert not sm90_rows_preferred(16, False, 65) and not sm90_rows_preferred(64, True, 1)
     if not on_hopper(torch.device(DEVICE)):
         q = torch.zeros(2, 16, D_QK, dtype=torch.bfloat16, device=DEVICE)
         kv = torch.zeros(8, D_QK, dtype=torch.bfloat16, device=DEVICE)

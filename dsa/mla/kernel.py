@@ -28,11 +28,11 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
 the whole QK product (m64n32k16 wgmma, shared-memory bound) while P·V is split between them:
-about 1.5x the useful MMA work. On Hopper (sm_90) 64-head groups therefore go to the Gluon kernel of
-:mod:`dsa.mla.kernel_sm90`, which places the work on the warpgroups by hand (same arguments, same
-results; ``config=dict(gluon=False)`` keeps this kernel). Small head groups (16/32) go to its second
-kernel, which makes the gathered rows the M dimension, for fp8_ds_mla, 32-head groups and short bf16
-calls (:func:`sm90_rows_preferred`). Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
+about 1.5x the useful MMA work, and no warp can copy while others compute. On Hopper (sm_90) every
+head group therefore goes to the Gluon kernel of :mod:`dsa.mla.kernel_sm90`, which places the work on
+the warpgroups by hand and gives the copies (and fp8 dequantisation) to a producer warpgroup (same
+arguments, same results; ``config=dict(gluon=False)`` keeps this kernel); 16/32-head groups there make
+the gathered rows the M dimension. Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
 sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
@@ -337,20 +337,11 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
-#: 16/32-head groups on sm_90: the Gluon kernel that makes the gathered rows the M dimension of both
-#: products (``block_h`` from :func:`block_h_for`; one 4-warp program per SM, 132-185 KiB of shared
-#: memory). Taken by default for fp8_ds_mla, for 32-head groups, and for 16-head bf16 calls of at most
-#: 64 tokens (:func:`sm90_rows_preferred`). Measured on the H200 (BENCHMARKS.md), s_q 1, 32K contexts,
-#: CUDA graphs, batch 64: fp8 h_q 16 70.3 us (the small-head Triton programs 103, the kernel padded to
-#: 64 heads 79), h_q 32 79.4 us (137 / 82); bf16 h_q 32 60.3 us (69.0).
+#: 16/32-head groups on sm_90: the Gluon kernel (:mod:`dsa.mla.kernel_sm90`, the gathered rows as the M
+#: dimension of both products; one program per SM), taken by default wherever it is supported. Measured on the
+#: H200 (BENCHMARKS.md, CUDA graphs, s_q 1, 32K contexts): fp8 h_q 16 at batch 64 57.9 us against 103 for the
+#: small-head Triton programs; bf16 h_q 16 at batch 128 77.7 against 88.8; bf16 prefill h_q 16 1.88 against 2.05 ms.
 SM90_ROWS_SMALL_HEADS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, per_sm=1, rows=True)
-
-
-def sm90_rows_preferred(block_h: int, is_fp8: bool, T: int) -> bool:
-    """Whether the default launch takes the small-head Gluon kernel (where it is supported): every
-    fp8_ds_mla call and every 32-head group; 16-head bf16 groups up to 64 tokens (beyond, e.g. batch 128
-    decode (91.0 against 87.4 us) and prefill (2.60 against 2.04 ms), the Triton programs measured faster)."""
-    return block_h < 64 and (is_fp8 or block_h == 32 or T <= 64)
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
@@ -360,9 +351,10 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
     split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
-    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``rows=True`` with a
-    16/32-head group takes its small-head kernel). Without ``config``, small head groups on sm_90 take
-    that kernel where :func:`sm90_rows_preferred`.
+    portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``producer=`` overrides
+    that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``rows=True`` with a
+    16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
+    head groups on sm_90 take that kernel where it is supported.
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -382,8 +374,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
     cfg = default_config(h_q, is_fp8, T)
-    if (not config and kernel_sm90 is not None and sm90_rows_preferred(cfg["block_h"], is_fp8, T)
-            and kernel_sm90.supported(q, kv, cfg["block_h"])):
+    if not config and kernel_sm90 is not None and cfg["block_h"] < 64 and kernel_sm90.supported(q, kv, cfg["block_h"]):
         cfg.update(SM90_ROWS_SMALL_HEADS)
     cfg.update(config or {})
     bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
@@ -404,15 +395,15 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                indices, indices.stride(0), len_arg, sink_arg)
     scale_log2 = float(sm_scale) * _LOG2E
-    # Hopper, 64-head groups (either cache format): the Gluon kernel (work placed on warpgroups by hand)
-    # Hopper, 16/32-head groups with ``rows``: the Gluon kernel with the rows as the M dimension
+    # Hopper: the Gluon kernel for 64-head groups, and for 16/32-head groups with ``rows``
     use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
                 and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
 
     def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
         if use_sm90:
             kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
-                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh)
+                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
+                               producer=cfg.get("producer"))
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                          T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
