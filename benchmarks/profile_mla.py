@@ -1,11 +1,15 @@
 """Run one sparse-MLA shape a few times, for Nsight Compute to profile (hardware counters).
 
     python benchmarks/profile_mla.py SHAPE [bf16]  # plain run (compiles, then 2 calls)
-    ncu --clock-control none -k regex:_sparse_mla_fwd --launch-skip 1 --launch-count 1 \\
+    ncu --clock-control none -k "regex:_sparse_mla_(fwd|sm90)" --launch-skip 1 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \\
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
         --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio" \\
         python benchmarks/profile_mla.py SHAPE     # the second call's forward kernel
+
+(The regex matches the Triton kernel and the Hopper Gluon one, ``_sparse_mla_sm90_kernel``, not the split merge; add
+``--section SourceCounters`` for the warp-stall samples per instruction, which separate the producer
+warpgroup's stalls from the math warps'.)
 
 SHAPE is a row of `dsa bench --kernels mla` (dsa.bench.MLA_SHAPES: random index lists, all valid);
 ``bf16`` runs it over the bf16 cache instead. (The 2026-12-01 profiles used T 2048 for prefill h128.)

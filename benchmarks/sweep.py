@@ -147,7 +147,7 @@ def mla_producer():
            ("mla_bf16_h128_b128_sq2", (128, 2, 128, 32768, "bf16")),
            ("mla_fp8_ds_mla_h128_b1_sq2", (1, 2, 128, 32768, "fp8_ds_mla"))]
     small = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
-             for b in (1, 64, 128)] + [(f"mla_bf16_prefill_h{h}", (1, 4096, h, 131072, "bf16")) for h in (32, 16)]
+             for b in (1, 32, 64, 128)] + [(f"mla_bf16_prefill_h{h}", (1, 4096, h, 131072, "bf16")) for h in (32, 16)]
     prods = [dict(regs=96, early=2), dict(regs=120, early=4)]
     return [dict(group="mla_producer", shape=n, args=a, cfg=c, ns=None) for n, a in big + small
             for c in [{}, dict(gluon=False)] + [dict(ROWS if a[2] < 64 else {}, producer=p) for p in prods]]
