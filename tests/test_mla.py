@@ -520,11 +520,12 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (40, 16, 2048, 2), (5, 32, 1000, 3), (2, 32, 2048, None),
                                              (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
-@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, monkeypatch):
+@pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2))])
+def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypatch):
     """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
-    masked one) against the reference and the small-head Triton programs: tails, invalid entries, empty rows,
-    topk_length, sink, splits, NaN in unused slots, poisoned out; bitwise deterministic; the launch took it."""
+    masked one; fp8 also with two groups loaded early) against the reference and the small-head Triton
+    programs: tails, invalid entries, empty rows, topk_length, sink, splits, NaN in unused slots, poisoned out;
+    bitwise deterministic; the launch took it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
     kernel_sm90 = _sm90_or_skip()
@@ -536,7 +537,7 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, monkeypatch):
     for _ in range(2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
         got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits,
-                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32))
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, producer=producer))
         assert got[0] is out
         outs.append(got)
     assert calls == [16 if H <= 16 else 32] * 2
