@@ -25,10 +25,11 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 
 Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
 ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
-producer warps), the producer with 80 registers (spills) or with 112 and two groups early.
-Within a tile the math warps still run QK, softmax and PV in order; FlashMLA's two math warpgroups
-taking turns on the tensor cores would need each to own whole heads, which the 64-head split above
-does not allow.
+producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
+row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
+gain: their decode is bound by gathering 656-byte rows), and a ping-pong of the two 64-head math
+warpgroups over alternate tiles (each computing a whole QK; 64-row tiles with two buffers or 32-row
+tiles with four: 6-23% slower). Within a tile the math warps run QK, softmax and PV in order.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
@@ -110,8 +111,8 @@ def _token_group(h_q, BH: gl.constexpr):
 
 @gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
-                 stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-                 EARLY: gl.constexpr):
+              stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
+              EARLY: gl.constexpr):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
