@@ -339,8 +339,9 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
 
 #: 16/32-head groups on sm_90: the Gluon kernel (:mod:`dsa.mla.kernel_sm90`, the gathered rows as the M
 #: dimension of both products; one program per SM), taken by default wherever it is supported. Measured on the
-#: H200 (BENCHMARKS.md, CUDA graphs, s_q 1, 32K contexts): fp8 h_q 16 at batch 64 57.9 us against 103 for the
-#: small-head Triton programs; bf16 h_q 16 at batch 128 77.7 against 88.8; bf16 prefill h_q 16 1.88 against 2.05 ms.
+#: H200 in one run (BENCHMARKS.md, sixth session; CUDA graphs, s_q 1, 32K contexts): fp8 h_q 16 at batch 64 58.5 us
+#: against 103.4 for the small-head Triton programs; bf16 h_q 16 at batch 128 76.0 against 88.3; bf16 prefill h_q 16
+#: 1.88 against 2.08 ms.
 SM90_ROWS_SMALL_HEADS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, per_sm=1, rows=True)
 
 
