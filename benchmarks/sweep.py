@@ -12,6 +12,7 @@ Groups (shapes x configs):
   mla_small_h_padded   h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: defaults against one
                 padded 64-head group (the Gluon kernel on sm_90)
   mla_producer  the Hopper Gluon kernel's producer settings against the defaults and the Triton kernel
+  mla_pingpong  the Hopper kernel's ping-pong schedule (64-head groups, bf16 cache) against its default one
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -153,6 +154,20 @@ def mla_producer():
             for c in [{}, dict(gluon=False)] + [dict(ROWS if a[2] < 64 else {}, producer=p) for p in prods]]
 
 
+def mla_pingpong():
+    """64-head groups: the Hopper kernel's ping-pong schedule (the two math warpgroups own alternate tiles)
+    against its other schedule and the Triton kernel: bf16 prefill h_q 128 / 64, decode batch 128 x s_q 2 h_q
+    128 / 64 and batch 1 x s_q 2 h_q 128 in both formats; fp8_ds_mla also with other register splits (producer,
+    worker math warpgroup)."""
+    shapes = [("mla_bf16_prefill_h128", (1, 4096, 128, 131072, "bf16")), ("mla_bf16_prefill_h64", (1, 4096, 64, 131072, "bf16"))]
+    shapes += [(f"mla_{f}_h{h}_b{b}_sq2", (b, 2, h, 32768, f)) for f in ("bf16", "fp8_ds_mla") for h, b in
+               ((128, 128), (64, 128), (128, 1))]
+    regs = [dict(regs=r, math_regs=m) for r, m in ((96, 200), (104, 200), (112, 200), (120, 192), (112, 192))]
+    return [dict(group="mla_pingpong", shape=n, args=a, cfg=c, ns=None) for n, a in shapes
+            for c in [{}, dict(pingpong=True), dict(pingpong=False), dict(gluon=False)]
+            + ([dict(pingpong=True, producer=p) for p in regs] if a[4] != "bf16" else [])]
+
+
 def mla_prefill_small_h():
     """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
     prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
@@ -190,7 +205,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+GROUPS = dict(mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
               mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 

@@ -444,9 +444,17 @@ def _sm90_or_skip():
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("producer", [None, dict(early=2)])
 def test_gpu_sm90_kernel(case, kv_format, producer, monkeypatch):
-    """The Gluon kernel (Hopper, 64-head groups, both formats; the producer's default and, for fp8_ds_mla, two
-    groups loaded early) against the reference: tails, head masks, splits, topk_length and sink, invalid entries
+    """The Gluon kernel (Hopper, 64-head groups, both formats, the schedule in which both math warpgroups share each
+    tile (``pingpong=False``; the default for fp8_ds_mla); the producer's default and, for fp8_ds_mla, two groups
+    loaded early) against the reference: tails, head masks, splits, topk_length and sink, invalid entries
     anywhere, NaN in unused slots, poisoned out; bitwise deterministic; and the launch really took it."""
+    calls = _check_sm90_case(case, kv_format, dict(producer=producer, pingpong=False), "producer", monkeypatch)
+    assert calls == [producer, producer]
+
+
+def _check_sm90_case(case, kv_format, config, key, monkeypatch):
+    """Run one Gluon-kernel case twice into poisoned outputs with ``config``; check it against the reference and
+    the Triton kernel and that reruns are bitwise equal; return the recorded ``launch`` keyword ``key`` per call."""
     kernel_sm90 = _sm90_or_skip()
     case = dict(case)
     splits = case.pop("splits", None)
@@ -456,27 +464,59 @@ def test_gpu_sm90_kernel(case, kv_format, producer, monkeypatch):
         tl_[0] = topk
         if T > 2:
             tl_[2] = 0
-    calls = record_launches(monkeypatch, kernel_sm90, "producer")
+    calls = record_launches(monkeypatch, kernel_sm90, key)
     flat = ref_mod.flat_kv(kv)
     outs = []
     for _ in range(2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(producer=producer))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=config)
         assert got[0] is out
         outs.append(got)
-    assert calls == [producer, producer]
+    recorded = list(calls)
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(outs[0], want, max_abs_v(kv, idx, S), str((T, H, topk, S, splits, kv_format)))
     for a, b in zip(outs[0], outs[1]):
         assert torch.equal(a, b)
     portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
-    assert len(calls) == 2
+    assert len(calls) == 2  # the Triton kernel took that call
     assert_matches(outs[0], portable, max_abs_v(kv, idx, S), "vs the Triton kernel")
+    return recorded
 
 
 @pytest.mark.gpu
-def test_gpu_sm90_rising_and_strided():
-    """Gluon kernel: logits rising along the list (a rescale at every tile), and q / out with padded strides."""
+@pytest.mark.parametrize("case", [
+    dict(T=3, H=64, topk=37, S=90, empty_rows=(1,)),  # less than one tile (one pair, its second tile empty)
+    dict(T=2, H=72, topk=130, S=300, with_len=True, with_sink=True),  # 2 head groups (the 2nd masked), 3 tiles
+    dict(T=1, H=64, topk=1, S=50),
+    dict(T=4, H=128, topk=300, S=400, with_len=True, with_sink=True, empty_rows=(3,), splits=3),
+    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64),
+    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64, splits=5),
+    dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
+    dict(T=70, H=128, topk=2048, S=1 << 15, frac_invalid=0.1),  # many programs per SM wave
+])
+def test_gpu_sm90_pingpong(case, monkeypatch):
+    """The ping-pong schedule of the Gluon kernel (64-head groups, bf16 cache: two math warpgroups owning
+    alternate tiles, one running max passed between them, buffers freed per half) against the reference and the
+    Triton kernel: odd tile counts, tails, splits, topk_length, sink, invalid entries, empty rows, NaN in unused
+    slots, poisoned out; bitwise deterministic; and the launch really asked for it."""
+    assert _check_sm90_case(case, "bf16", dict(pingpong=True), "pingpong", monkeypatch) == [True, True]
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_pingpong_refuses_fp8():
+    """Asking for the ping-pong schedule where it does not serve (the fp8_ds_mla cache) is an error, not a
+    silent fallback."""
+    _sm90_or_skip()
+    q, kv, idx, sm, _, _ = make_case(2, 64, 64, 100, "fp8_ds_mla", seed=1)
+    with pytest.raises(ValueError, match="pingpong"):
+        sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, None, None, None, config=dict(pingpong=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_gpu_sm90_rising_and_strided(pingpong):
+    """Gluon kernel (default and ping-pong schedule): logits rising along the list (a rescale at every tile, so
+    the second tile of each pair raises the max the first one used), and q / out with padded strides."""
     _sm90_or_skip()
     g = gen(23)
     T, H, topk, S = 2, 64, 512, 600
@@ -497,7 +537,8 @@ def test_gpu_sm90_rising_and_strided():
     out_big = poison_(torch.empty(T, H, 600, dtype=torch.bfloat16, device=DEVICE))
     out_view = out_big[:, :, 50:50 + D_V]
     for ns in (1, 2):
-        got = sparse_mla_triton(q_view, kv, idx, sm, D_V, None, None, out_view, num_splits=ns)
+        got = sparse_mla_triton(q_view, kv, idx, sm, D_V, None, None, out_view, num_splits=ns,
+                                config=dict(pingpong=pingpong))
         want = sparse_mla_ref(q_view, kv, idx, sm)
         assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
     assert torch.isnan(out_big[:, :, :50].float()).all() and torch.isnan(out_big[:, :, 50 + D_V:].float()).all()
@@ -505,15 +546,21 @@ def test_gpu_sm90_rising_and_strided():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,kv_format", [(64, 16, "fp8_ds_mla"), (3, 32, "fp8_ds_mla"), (200, 16, "fp8_ds_mla"),
-                                           (64, 16, "bf16"), (65, 16, "bf16"), (100, 32, "bf16"), (5, 64, "bf16")])
+                                           (64, 16, "bf16"), (65, 16, "bf16"), (100, 32, "bf16"), (5, 64, "bf16"),
+                                           (3, 128, "bf16"), (3, 128, "fp8_ds_mla")])
 def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
     """Without a config, every head group on sm_90 takes the Gluon kernel (16/32 heads: the rows as the M
-    dimension), equal to the reference."""
+    dimension; 64-head groups over the bf16 cache: the ping-pong schedule), equal to the reference."""
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
     calls = record_launches(monkeypatch, kernel_sm90, "block_h")
+    pp_grids = []
+    pp = kernel_sm90._sparse_mla_sm90_pp_kernel
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_pp_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: (pp_grids.append(grid), pp[grid])[1]})())
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
-    assert calls == [H]
+    assert calls == [min(H, 64)]
+    assert len(pp_grids) == (1 if H >= 64 and kv_format == "bf16" else 0)
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
 
 

@@ -32,7 +32,8 @@ about 1.5x the useful MMA work, and no warp can copy while others compute. On Ho
 head group therefore goes to the Gluon kernel of :mod:`dsa.mla.kernel_sm90`, which places the work on
 the warpgroups by hand and gives the copies (and fp8 dequantisation) to a producer warpgroup (same
 arguments, same results; ``config=dict(gluon=False)`` keeps this kernel); 16/32-head groups there make
-the gathered rows the M dimension. Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
+the gathered rows the M dimension, and 64-head groups over the bf16 cache alternate tiles between the two
+math warpgroups (FlashMLA's ping-pong). Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
 sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
@@ -353,7 +354,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     split-K factor (``None``: chosen here from the shapes and the device's SM count); ``config``
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
     portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``producer=`` overrides
-    that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``rows=True`` with a
+    that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``pingpong=True/False`` picks its ping-pong
+    schedule for 64-head groups over the bf16 cache or not; ``rows=True`` with a
     16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
     head groups on sm_90 take that kernel where it is supported.
     """
@@ -404,7 +406,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         if use_sm90:
             kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
                                T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
-                               producer=cfg.get("producer"))
+                               producer=cfg.get("producer"), pingpong=cfg.get("pingpong"))
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                          T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)

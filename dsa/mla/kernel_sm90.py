@@ -14,22 +14,34 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
   into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
   zero-filled and masked to ``-inf`` by the math warps: NaN in unused slots cannot leak.
-* 64-head groups (:func:`_math_64`, two math warpgroups): QK ``S [64 heads, 64 rows]`` with
-  ``warps_per_cta=[4, 2]``, each warpgroup computing the logits of 32 of the 64 rows (no duplicated
-  work); P (bf16) to shared memory; PV ``O [64, 512]``, each warpgroup accumulating 256 of the 512
-  columns from the same tile (FlashMLA's split of the two products).
+* 64-head groups over the bf16 cache, the default (:func:`_sparse_mla_sm90_pp_kernel`, FlashMLA's
+  schedule): a ping-pong of the two math warpgroups (:func:`_math_pp`). Tile ``2p`` of pair ``p`` sits in
+  buffer 0 and is owned by warpgroup 0, tile ``2p + 1`` in buffer 1 by warpgroup 1. Each computes the whole
+  ``S [64 heads, 64 rows]`` of its tile (m64n64: q is read once per tile, not once per 32 rows) and its
+  softmax, and accumulates its own 256 of the 512 output columns over both tiles: P.V with its own P from
+  registers, then with the other warpgroup's P from shared memory. One running max serves both (warpgroup 0
+  publishes its max, warpgroup 1 folds it into its own and publishes the pair's max, warpgroup 0 rescales its
+  P and accumulator to it). Each buffer is released in halves (values ``[0, 256)``; the rest and the rope
+  part) as soon as their last reader is done, so the producer (:func:`_producer_pp`) refills one half while
+  the other is still read: two buffers suffice.
+* 64-head groups over the fp8_ds_mla cache (:func:`_math_64`, two math warpgroups sharing each tile; also
+  bf16 with ``pingpong=False``): QK ``S [64 heads, 64 rows]`` with ``warps_per_cta=[4, 2]``, each warpgroup
+  computing the logits of 32 of the 64 rows; P (bf16) to shared memory; PV ``O [64, 512]``, each warpgroup
+  accumulating 256 of the 512 columns from the same tile. The ping-pong schedule leaves the producer about
+  56 registers, too few for dequantising fp8 in registers (it spilled and measured 22-100% slower).
 * 16/32-head groups (:func:`_math_rows`, one math warpgroup): the gathered rows are the M dimension of
   both products and the heads their N (S^T = K q^T, O^T = V^T P^T, V^T read transposed from the tile),
   so no MMA work goes to padding heads.
-* Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (partials for split-K).
+* Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (:func:`_epilogue`; partials for
+  split-K).
 
 Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
 ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
 producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
 row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
-gain: their decode is bound by gathering 656-byte rows), and a ping-pong of the two 64-head math
-warpgroups over alternate tiles (each computing a whole QK; 64-row tiles with two buffers or 32-row
-tiles with four: 6-23% slower). Within a tile the math warps run QK, softmax and PV in order.
+gain: their decode is bound by gathering 656-byte rows), and two earlier ping-pongs that released each
+buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was
+exposed at every tile).
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
@@ -53,6 +65,11 @@ PRODUCER_WARPS = 4
 #: warps get the rest of the register file). Measured on the H200 (BENCHMARKS.md): fp8 decode h_q 128 at batch
 #: 128 x s_q 2 471 us with these against 519 us with the bf16 setting; bf16 prefill h_q 128 5.99 against 6.19 ms.
 PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # keyed by "fp8_ds_mla"
+#: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_sparse_mla_sm90_pp_kernel`) by default,
+#: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
+#: no spills at these, sm_90 compile)
+PINGPONG = True
+PRODUCER_PP = dict(regs=56, math_regs=208)
 
 
 @gluon.jit
@@ -107,6 +124,36 @@ def _token_group(h_q, BH: gl.constexpr):
     n_hg = gl.cdiv(h_q, BH)
     t = pid // n_hg
     return t, t.to(gl.int64), pid % n_hg, gl.program_id(1)
+
+
+@gluon.jit
+def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
+              h_q, BH: gl.constexpr, D0: gl.constexpr, HEAD_AXIS: gl.constexpr, o_layout: gl.constexpr,
+              HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, STATS: gl.constexpr):
+    """Normalise and store the accumulator of a head group: ``acc`` holds output columns ``[D0, D0 + DW)`` of
+    the ``BH`` heads, as ``[BH, DW]`` (``HEAD_AXIS`` 0) or transposed ``[DW, BH]`` (1), fp32 in ``o_layout``;
+    ``l_i`` / ``m_i`` the running sum and max per head (log2 units, any layout). ``SPLIT``: fp32 partials of split
+    ``sid``. ``STATS``: also store lse and max_logits (:func:`~dsa.mla.epilogue.row_stats`)."""
+    head_l: gl.constexpr = gl.SliceLayout(1 - HEAD_AXIS, o_layout)
+    DW: gl.constexpr = acc.shape[1 - HEAD_AXIS]
+    offs_h = hg * BH + gl.arange(0, BH, head_l)
+    hmask = offs_h < h_q
+    offs_d = D0 + gl.arange(0, DW, gl.SliceLayout(HEAD_AXIS, o_layout))
+    inv, lse, ml = row_stats(gl.convert_layout(l_i, head_l), gl.convert_layout(m_i, head_l), sink_ptr, offs_h, hmask,
+                             HAS_SINK, SPLIT)
+    mask = gl.expand_dims(hmask, 1 - HEAD_AXIS)
+    cols = gl.expand_dims(offs_d, HEAD_AXIS)
+    if SPLIT:
+        o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + gl.expand_dims(offs_h, 1 - HEAD_AXIS) * stride_oh
+        ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
+        gl.store(o_ptrs + cols, acc * gl.expand_dims(inv, 1 - HEAD_AXIS), mask=mask)
+    else:
+        o_ptrs = out_ptr + t64 * stride_ot + gl.expand_dims(offs_h, 1 - HEAD_AXIS) * stride_oh
+        ml_off = t64 * h_q + offs_h
+        gl.store(o_ptrs + cols, (acc * gl.expand_dims(inv, 1 - HEAD_AXIS)).to(gl.bfloat16), mask=mask)
+    if STATS:
+        gl.store(lse_ptr + ml_off, lse, mask=hmask)
+        gl.store(ml_ptr + ml_off, ml, mask=hmask)
 
 
 @gluon.jit
@@ -222,24 +269,8 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
         gl.thread_barrier()  # both warpgroups are done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
 
-    l_i = gl.sum(l_2d, 1)
-    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    l_o = gl.convert_layout(l_i, row_l)
-    m_o = gl.convert_layout(m_i, row_l)
-    offs_h = hg * BH + gl.arange(0, BH, row_l)
-    hmask = offs_h < h_q
-    offs_d = gl.arange(0, DV, gl.SliceLayout(0, o_layout))
-    inv, lse, ml = row_stats(l_o, m_o, sink_ptr, offs_h, hmask, HAS_SINK, SPLIT)
-    if SPLIT:
-        o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + offs_h[:, None] * stride_oh
-        ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
-        gl.store(o_ptrs + offs_d[None, :], acc * inv[:, None], mask=hmask[:, None])
-    else:
-        o_ptrs = out_ptr + t64 * stride_ot + offs_h[:, None] * stride_oh
-        ml_off = t64 * h_q + offs_h
-        gl.store(o_ptrs + offs_d[None, :], (acc * inv[:, None]).to(gl.bfloat16), mask=hmask[:, None])
-    gl.store(lse_ptr + ml_off, lse, mask=hmask)
-    gl.store(ml_ptr + ml_off, ml, mask=hmask)
+    _epilogue(acc, gl.sum(l_2d, 1), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
+              sid, T, h_q, BH, 0, 0, o_layout, HAS_SINK, SPLIT, True)
 
 
 @gluon.jit
@@ -292,24 +323,8 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
 
-    l_i = gl.sum(l_2d, 0)
-    head_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    l_o = gl.convert_layout(l_i, head_o)
-    m_o = gl.convert_layout(m_i, head_o)
-    offs_h = hg * BH + gl.arange(0, BH, head_o)
-    hmask = offs_h < h_q
-    offs_d = gl.arange(0, DV, gl.SliceLayout(1, o_layout))
-    inv, lse, ml = row_stats(l_o, m_o, sink_ptr, offs_h, hmask, HAS_SINK, SPLIT)
-    if SPLIT:
-        o_ptrs = out_ptr + sid.to(gl.int64) * stride_os + t64 * stride_ot + offs_h[None, :] * stride_oh
-        ml_off = (sid.to(gl.int64) * T + t64) * h_q + offs_h
-        gl.store(o_ptrs + offs_d[:, None], acc * inv[None, :], mask=hmask[None, :])
-    else:
-        o_ptrs = out_ptr + t64 * stride_ot + offs_h[None, :] * stride_oh
-        ml_off = t64 * h_q + offs_h
-        gl.store(o_ptrs + offs_d[:, None], (acc * inv[None, :]).to(gl.bfloat16), mask=hmask[None, :])
-    gl.store(lse_ptr + ml_off, lse, mask=hmask)
-    gl.store(ml_ptr + ml_off, ml, mask=hmask)
+    _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
+              sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True)
 
 
 @gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
@@ -370,6 +385,263 @@ def _sparse_mla_sm90_kernel(
                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
+
+# ------------------------------------------------------------------------------------------------------
+# 64-head groups, ping-pong: the two math warpgroups own alternate tiles (pairs of tiles per step)
+# ------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _pp_copy_bf16(kn, kr, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows, HALF: gl.constexpr,
+                  cp_l: gl.constexpr):
+    """cp.async one half of a gathered bf16 tile: HALF 0 the values ``[0, 256)``, HALF 1 ``[256, 512)`` and
+    the rope part (zero-filled where invalid)."""
+    cols = gl.arange(0, 256, gl.SliceLayout(0, cp_l))
+    base = gl.multiple_of(rows * stride_nope, 8)[:, None]
+    cp.async_copy_global_to_shared(kn.slice(HALF * 256, 256, dim=1), nope_ptr + base + HALF * 256 + cols[None, :],
+                                   mask=valid[:, None])
+    if HALF == 1:
+        cols_r = gl.arange(0, 64, gl.SliceLayout(0, cp_l))
+        cp.async_copy_global_to_shared(kr, rope_ptr + gl.multiple_of(rows * stride_rope, 8)[:, None] + cols_r[None, :],
+                                       mask=valid[:, None])
+    cp.commit_group()
+
+
+@gluon.jit
+def _pp_ready(bar):
+    """The producer's copies of a half tile have landed: make them visible to wgmma and signal ``bar``."""
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row, start,
+                 n_pairs, stop, S, PW: gl.constexpr):
+    """Producer of the ping-pong schedule (bf16 cache): tile ``2p`` of pair ``p`` goes to buffer 0, tile ``2p + 1``
+    to buffer 1, each in two halves (L: values ``[0, 256)``; R: ``[256, 512)`` and the rope part) with their own
+    ``ready`` / ``free`` mbarriers (index ``2 * buffer + half``), copied by ``cp.async`` in the order the math
+    warpgroups free them: 0L, 1R, 0R, 1L (each half is issued before the previous one is signalled)."""
+    BN: gl.constexpr = 64
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # 16-byte pieces
+    row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
+    for p in range(n_pairs):
+        ph = (p & 1) ^ 1
+        z = p // (n_pairs + 1)  # 0: the buffers' addresses formed in the loop (see _math_pp)
+        kn0 = k_nope_smem.index(z)
+        kn1 = k_nope_smem.index(1 + z)
+        kr0 = k_rope_smem.index(z)
+        kr1 = k_rope_smem.index(1 + z)
+        v0, r0 = _tile_rows(idx_row, start + (2 * p) * BN, stop, S, BN, row_l)
+        v1, r1 = _tile_rows(idx_row, start + (2 * p + 1) * BN, stop, S, BN, row_l)
+        mbarrier.wait(free.index(0), ph)  # 0L
+        _pp_copy_bf16(kn0, kr0, nope_ptr, stride_nope, rope_ptr, stride_rope, v0, r0, 0, cp_l)
+        mbarrier.wait(free.index(3), ph)  # 1R
+        _pp_copy_bf16(kn1, kr1, nope_ptr, stride_nope, rope_ptr, stride_rope, v1, r1, 1, cp_l)
+        cp.wait_group(1)
+        _pp_ready(ready.index(0))
+        mbarrier.wait(free.index(1), ph)  # 0R
+        _pp_copy_bf16(kn0, kr0, nope_ptr, stride_nope, rope_ptr, stride_rope, v0, r0, 1, cp_l)
+        cp.wait_group(1)
+        _pp_ready(ready.index(3))
+        mbarrier.wait(free.index(2), ph)  # 1L
+        _pp_copy_bf16(kn1, kr1, nope_ptr, stride_nope, rope_ptr, stride_rope, v1, r1, 0, cp_l)
+        cp.wait_group(1)
+        _pp_ready(ready.index(1))
+        cp.wait_group(0)
+        _pp_ready(ready.index(2))
+
+
+@gluon.jit
+def _pp_qk(q_nope_smem, q_rope_smem, kn, kr, acc, HALF: gl.constexpr, FIRST: gl.constexpr):
+    """Issue (async) one half of ``S = q K^T`` on a tile: HALF 0 the values ``[0, 256)``, HALF 1 ``[256, 512)``
+    and the rope part; ``FIRST``: overwrite ``acc``."""
+    acc = warpgroup_mma(q_nope_smem.slice(HALF * 256, 256, dim=1), kn.slice(HALF * 256, 256, dim=1).permute((1, 0)),
+                        acc, use_acc=not FIRST, is_async=True)
+    if HALF == 1:
+        acc = warpgroup_mma(q_rope_smem, kr.permute((1, 0)), acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _signal(bar):
+    """Every warp of this warpgroup is past this point: one arrive on ``bar``."""
+    gl.thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+             q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
+             t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, WG: gl.constexpr, HAS_SINK: gl.constexpr,
+             SPLIT: gl.constexpr):
+    """One math warpgroup of the ping-pong schedule (WG 0: the default partition, WG 1: a worker). Warpgroup
+    ``WG`` owns tile ``2p + WG`` of pair ``p`` (buffer ``WG``): its whole ``S [64 heads, 64 rows]`` (m64n64,
+    q read once per tile) and softmax, and output columns ``[256 WG, 256 WG + 256)`` of both tiles: P.V with its
+    own P from registers, then with the other warpgroup's P from shared memory. One running max for both:
+    warpgroup 0 publishes its new max (``xbar`` 0), warpgroup 1 folds it into its own (``xbar`` 1), warpgroup 0
+    rescales to that before publishing its P (``xbar`` 2; P of tile 2p lives in buffer 0's rope part, which is no
+    longer needed once both QK halves of the tile are done); warpgroup 1 publishes its P (``xbar`` 3). Buffers are
+    released per half (``free``) as soon as their last reader is done."""
+    BH: gl.constexpr = 64
+    BN: gl.constexpr = 64
+    DR: gl.constexpr = 64
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    if WG == 0:
+        cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        _load_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, 512, DR, cp_l)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(xbar.index(4))  # q is in
+    mbarrier.wait(xbar.index(4), 0)
+    p0_smem = k_rope_smem.index(0)  # P of tile 2p: over buffer 0's rope part
+
+    m_run = gl.full([BH], float("-inf"), gl.float32, row_s)
+    l_run = gl.zeros([BH], gl.float32, row_s)
+    acc = gl.zeros([BH, 256], gl.float32, o_layout)
+    sc = gl.zeros([BH, BN], gl.float32, s_layout)  # (its values are never read: each QK overwrites it)
+    for p in range(n_pairs):
+        ph = p & 1
+        # (z is 0: the buffers' and q's addresses are formed in the loop, so that the compiler does not hoist the
+        # wgmma descriptors of every k-step out of it, which spilled them)
+        z = p // (n_pairs + 1)
+        qn = q_nope_smem.index(z)
+        qr = q_rope_smem.index(z)
+        kn_own = k_nope_smem.index(WG + z)
+        kr_own = k_rope_smem.index(WG + z)
+        kn_other = k_nope_smem.index(1 - WG + z)
+        if WG == 0:
+            if p == 0:  # the first QK (later ones are issued at the end of the previous pair)
+                mbarrier.wait(ready.index(0), 0)
+                sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 0, True)
+                mbarrier.wait(ready.index(1), 0)
+                sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 1, False)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        else:
+            mbarrier.wait(ready.index(3), ph)
+            sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 1, True)
+            mbarrier.wait(ready.index(2), ph)
+            sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 0, False)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        valid_s, _ = _tile_rows(idx_row, start + (2 * p + WG) * BN, stop, S, BN, gl.SliceLayout(0, s_layout))
+        sc = gl.where(valid_s[None, :], sc * sm_scale_log2, float("-inf"))
+        m_prev = m_run
+        if WG == 1:
+            mbarrier.wait(xbar.index(0), ph)  # warpgroup 0's new max
+            m_prev = m_smem.load(row_s)
+        m_new = gl.maximum(m_prev, gl.max(sc, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_run - m_use)
+        pr = gl.exp2(sc - m_use[:, None])
+        l_run = l_run * alpha + gl.sum(pr, 1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        m_run = m_new
+        m_smem.store(m_new)
+        _signal(xbar.index(WG))  # 0: warpgroup 0's max; 1: the pair's max
+        p_bf = pr.to(gl.bfloat16)
+        # own P from registers, own half of the columns
+        acc = warpgroup_mma(gl.convert_layout(p_bf, a_layout), kn_own.slice(256 * WG, 256, dim=1), acc, is_async=True)
+        if WG == 0:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _signal(free.index(0))  # 0L: QK and this P.V were its readers
+            mbarrier.wait(xbar.index(1), ph)  # the pair's max from warpgroup 1
+            m_pair = m_smem.load(row_s)
+            fix = gl.exp2(m_new - gl.where(m_pair == float("-inf"), 0.0, m_pair))
+            # (rescaled from the bf16 P: exact when the pair's max is WG 0's, which is the common case; one more
+            # rounding otherwise. Keeping the fp32 P for this would not fit the registers.)
+            p0_smem.store((p_bf.to(gl.float32) * gl.convert_layout(fix, row_s)[:, None]).to(gl.bfloat16))
+            fence_async_shared()
+            _signal(xbar.index(2))
+            mbarrier.wait(xbar.index(3), ph)  # P of tile 2p + 1
+            acc = acc * gl.convert_layout(fix, row_o)[:, None]
+            l_run = l_run * fix
+            m_run = m_pair
+            if p + 1 < n_pairs:  # P.V with P of tile 2p + 1, then the next pair's QK behind it
+                acc = warpgroup_mma(p1_smem, kn_other.slice(0, 256, dim=1), acc, is_async=True)
+                mbarrier.wait(ready.index(0), ph ^ 1)
+                sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 0, True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                _signal(free.index(2))  # 1L
+                mbarrier.wait(ready.index(1), ph ^ 1)
+                sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 1, False)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+            else:
+                acc = warpgroup_mma(p1_smem, kn_other.slice(0, 256, dim=1), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                _signal(free.index(2))
+        else:
+            p1_smem.store(p_bf)
+            fence_async_shared()
+            mbarrier.wait(xbar.index(2), ph)  # P of tile 2p (rescaled to the pair's max)
+            acc = warpgroup_mma(p0_smem, kn_other.slice(256, 256, dim=1), acc, is_async=True)
+            _signal(xbar.index(3))
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            _signal(free.index(3))  # 1R
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _signal(free.index(1))  # 0R (and P of tile 2p with it)
+
+    # both row sums are relative to the same running max: add them through shared memory
+    l_smem.slice(WG * BH, BH).store(l_run)
+    _signal(xbar.index(5 + WG))
+    mbarrier.wait(xbar.index(6 - WG), 0)
+    l_tot = l_run + l_smem.slice((1 - WG) * BH, BH).load(row_s)
+    _epilogue(acc, l_tot, m_run, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
+              h_q, BH, 256 * WG, 0, o_layout, HAS_SINK, SPLIT, WG == 1)
+
+
+@gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
+def _sparse_mla_sm90_pp_kernel(
+    q_ptr, stride_qt, stride_qh,
+    nope_ptr, stride_nope,
+    rope_ptr, stride_rope,
+    idx_ptr, stride_it,
+    len_ptr, sink_ptr,
+    out_ptr, stride_ot, stride_oh, stride_os,
+    ml_ptr, lse_ptr,
+    T, h_q, S, topk, split_len,
+    sm_scale_log2,
+    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, MATH_REGS: gl.constexpr,
+):
+    """64-head groups over the bf16 cache, ping-pong schedule (:func:`_math_pp`, :func:`_producer_pp`): same
+    results as :func:`_sparse_mla_sm90_kernel`. Three warpgroups: math 0 (default partition), math 1, producer."""
+    BH: gl.constexpr = 64
+    BN: gl.constexpr = 64
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    t, t64, hg, sid = _token_group(h_q, BH)
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh)
+    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh)
+    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sh)
+    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sh)
+    p1_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
+    m_smem = gl.allocate_shared_memory(gl.float32, [BH], vec)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2 * BH], vec)
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    xbar = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(4):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(free.index(j), count=1)
+    for j in gl.static_range(7):
+        mbarrier.init(xbar.index(j), count=1)
+    start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
+    n_pairs = (n_tiles + 1) // 2
+    idx_row = idx_ptr + t64 * stride_it
+    gl.warp_specialize([
+        (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                    q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+                    lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK, SPLIT)),
+        (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                    q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+                    lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK, SPLIT)),
+        (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row,
+                        start, n_pairs, stop, S, PRODUCER_WARPS)),
+    ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+
+
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
     """Whether :func:`_sparse_mla_sm90_kernel` serves the call: head groups of 64, 32 or 16 on an NVIDIA
     Hopper GPU (:func:`dsa.backend.on_hopper`: not ROCm, not under the Triton interpreter), either cache
@@ -382,13 +654,24 @@ def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None):
+           producer=None, pingpong=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
-    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` (benchmarks)."""
+    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` (benchmarks); ``pingpong`` (64-head
+    groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`)."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
     is_fp8 = nope.dtype != torch.bfloat16
+    if pingpong and (is_fp8 or block_h != BLOCK_H):
+        raise ValueError("config pingpong=True: the ping-pong schedule serves 64-head groups over the bf16 cache only")
+    if block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong):
+        prod = dict(PRODUCER_PP, **(producer or {}))
+        _sparse_mla_sm90_pp_kernel[grid](
+            q, q.stride(0), q.stride(1), nope, nope.stride(0), rope, rope.stride(0), indices,
+            indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk,
+            split_len, scale_log2, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split,
+            PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], MATH_REGS=prod["math_regs"], num_warps=4)
+        return
     prod = dict(PRODUCER[is_fp8], **(producer or {}))
     _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
