@@ -155,17 +155,13 @@ def mla_producer():
 
 
 def mla_pingpong():
-    """64-head groups: the Hopper kernel's ping-pong schedule (the two math warpgroups own alternate tiles)
-    against its other schedule and the Triton kernel: bf16 prefill h_q 128 / 64, decode batch 128 x s_q 2 h_q
-    128 / 64 and batch 1 x s_q 2 h_q 128 in both formats; fp8_ds_mla also with other register splits (producer,
-    worker math warpgroup)."""
+    """64-head groups over the bf16 cache: the Hopper kernel's ping-pong schedule (the two math warpgroups own
+    alternate tiles; the default) against its shared-tile schedule and the Triton kernel: prefill h_q 128 / 64,
+    decode batch 128 x s_q 2 at h_q 128 / 64 and batch 1 x s_q 2 at h_q 128."""
     shapes = [("mla_bf16_prefill_h128", (1, 4096, 128, 131072, "bf16")), ("mla_bf16_prefill_h64", (1, 4096, 64, 131072, "bf16"))]
-    shapes += [(f"mla_{f}_h{h}_b{b}_sq2", (b, 2, h, 32768, f)) for f in ("bf16", "fp8_ds_mla") for h, b in
-               ((128, 128), (64, 128), (128, 1))]
-    regs = [dict(regs=r, math_regs=m) for r, m in ((96, 200), (104, 200), (112, 200), (120, 192), (112, 192))]
+    shapes += [(f"mla_bf16_h{h}_b{b}_sq2", (b, 2, h, 32768, "bf16")) for h, b in ((128, 128), (64, 128), (128, 1))]
     return [dict(group="mla_pingpong", shape=n, args=a, cfg=c, ns=None) for n, a in shapes
-            for c in [{}, dict(pingpong=True), dict(pingpong=False), dict(gluon=False)]
-            + ([dict(pingpong=True, producer=p) for p in regs] if a[4] != "bf16" else [])]
+            for c in [{}, dict(pingpong=True), dict(pingpong=False), dict(gluon=False)]]
 
 
 def mla_prefill_small_h():
