@@ -229,14 +229,17 @@ def test_kernel_topk_tails(topk, kv_format):
     assert_matches(got, want, vmax, f"topk={topk} {kv_format}")
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 11])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 11, 64])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_kernel_split_k(num_splits, kv_format):
     """The split-K path (partials + combine) with topk_length, sink and empty rows, forced on and off; 11 asks
-    for more splits than the merge loads at once (fp8: 10 splits of 32 rows; bf16 clamps to its 5 tiles)."""
-    q, kv, idx, sm, sink, tl_ = make_case(4, 16, 300, 400, kv_format, seed=10 + num_splits, empty_rows=(3,),
+    for more splits than there are tiles (fp8: 10 splits of 32 rows; bf16 clamps to its 5 tiles); 64 (of 1300
+    entries: one tile per split, 21 bf16 / 41 fp8 splits) for more than the merge loads in one round trip (16),
+    so it loops over groups of 8."""
+    topk = 1300 if num_splits > 16 else 300
+    q, kv, idx, sm, sink, tl_ = make_case(4, 16, topk, 400, kv_format, seed=10 + num_splits, empty_rows=(3,),
                                           with_len=True, with_sink=True)
-    tl_[0] = 300
+    tl_[0] = topk
     tl_[1] = 65  # the second tile holds one entry: later splits are empty
     got, want, vmax = run_both(q, kv, idx, sm, sink, tl_, num_splits=num_splits)
     assert_matches(got, want, vmax, f"splits={num_splits} {kv_format}")
