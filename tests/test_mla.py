@@ -29,7 +29,7 @@ from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK
 from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
-from dsa.mla.kernel import choose_num_splits, sparse_mla_triton
+from dsa.mla.kernel import SM90_TWO_GROUPS_MAX_T, block_h_for, choose_num_splits, sparse_mla_triton
 from utils import DEVICE, gen, poison_, record_launches, skip_unless_hopper
 
 OUT_ATOL_REL = 2.0**-7
@@ -550,10 +550,12 @@ def test_gpu_sm90_rising_and_strided(pingpong):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,kv_format", [(64, 16, "fp8_ds_mla"), (3, 32, "fp8_ds_mla"), (200, 16, "fp8_ds_mla"),
                                            (64, 16, "bf16"), (65, 16, "bf16"), (100, 32, "bf16"), (5, 64, "bf16"),
+                                           (1, 24, "bf16"), (5, 32, "fp8_ds_mla"),
                                            (3, 128, "bf16"), (3, 128, "fp8_ds_mla")])
 def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
     """Without a config, every head group on sm_90 takes the Gluon kernel (16/32 heads: the rows as the M
-    dimension; 64-head groups over the bf16 cache: the ping-pong schedule), equal to the reference."""
+    dimension, 32 heads of at most 4 tokens as two 16-head groups; 64-head groups over the bf16 cache: the
+    ping-pong schedule), equal to the reference."""
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
     calls = record_launches(monkeypatch, kernel_sm90, "block_h")
@@ -562,7 +564,8 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
     monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_pp_kernel",
                         type("Spy", (), {"__getitem__": lambda self, grid: (pp_grids.append(grid), pp[grid])[1]})())
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
-    assert calls == [min(H, 64)]
+    bh = block_h_for(H)
+    assert calls == [16 if bh == 32 and T <= SM90_TWO_GROUPS_MAX_T else bh]
     assert len(pp_grids) == (1 if H >= 64 and kv_format == "bf16" else 0)
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
 
