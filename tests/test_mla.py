@@ -434,16 +434,20 @@ def _sm90_or_skip():
     return kernel_sm90
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [
-    dict(T=3, H=64, topk=37, S=90, empty_rows=(1,)),  # less than one tile, an empty row
+#: cases of the 64-head Gluon kernel's tests (both schedules)
+SM90_CASES = [
+    dict(T=3, H=64, topk=37, S=90, empty_rows=(1,)),  # less than one tile (ping-pong: one pair, its second tile empty)
     dict(T=2, H=72, topk=130, S=300, with_len=True, with_sink=True),  # 2 head groups (the 2nd masked), 3 tiles
     dict(T=1, H=64, topk=1, S=50),
     dict(T=4, H=128, topk=300, S=400, with_len=True, with_sink=True, empty_rows=(3,), splits=3),
     dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64),
     dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64, splits=5),
     dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
-])
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_CASES)
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("producer", [None, dict(early=2)])
 def test_gpu_sm90_kernel(case, kv_format, producer, monkeypatch):
@@ -487,14 +491,7 @@ def _check_sm90_case(case, kv_format, config, key, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [
-    dict(T=3, H=64, topk=37, S=90, empty_rows=(1,)),  # less than one tile (one pair, its second tile empty)
-    dict(T=2, H=72, topk=130, S=300, with_len=True, with_sink=True),  # 2 head groups (the 2nd masked), 3 tiles
-    dict(T=1, H=64, topk=1, S=50),
-    dict(T=4, H=128, topk=300, S=400, with_len=True, with_sink=True, empty_rows=(3,), splits=3),
-    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64),
-    dict(T=5, H=128, topk=2048, S=1 << 16, with_len=True, with_sink=True, block_size=64, splits=5),
-    dict(T=40, H=64, topk=1000, S=5056, frac_invalid=0.5, splits=2),
+@pytest.mark.parametrize("case", SM90_CASES + [
     dict(T=70, H=128, topk=2048, S=1 << 15, frac_invalid=0.1),  # many programs per SM wave
 ])
 def test_gpu_sm90_pingpong(case, monkeypatch):
