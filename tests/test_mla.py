@@ -556,14 +556,14 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
     kernel_sm90 = _sm90_or_skip()
     q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
     calls = record_launches(monkeypatch, kernel_sm90, "block_h")
-    pp_grids = []
-    pp = kernel_sm90._sparse_mla_sm90_pp_kernel
-    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_pp_kernel",
-                        type("Spy", (), {"__getitem__": lambda self, grid: (pp_grids.append(grid), pp[grid])[1]})())
+    schedules = []  # the kernel's PINGPONG argument per launch
+    kern = kernel_sm90._sparse_mla_sm90_kernel
+    spy = lambda self, grid: lambda *a, **k: (schedules.append(k["PINGPONG"]), kern[grid](*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", type("Spy", (), {"__getitem__": spy})())
     got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
     bh = block_h_for(H)
     assert calls == [16 if bh == 32 and T <= SM90_TWO_GROUPS_MAX_T else bh]
-    assert len(pp_grids) == (1 if H >= 64 and kv_format == "bf16" else 0)
+    assert schedules == [H >= 64 and kv_format == "bf16"]
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
 
 

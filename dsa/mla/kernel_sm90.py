@@ -14,7 +14,7 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
   into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
   zero-filled and masked to ``-inf`` by the math warps: NaN in unused slots cannot leak.
-* 64-head groups over the bf16 cache, the default (:func:`_sparse_mla_sm90_pp_kernel`, FlashMLA's
+* 64-head groups over the bf16 cache, the default (``PINGPONG`` in :func:`_sparse_mla_sm90_kernel`, FlashMLA's
   schedule): a ping-pong of the two math warpgroups (:func:`_math_pp`). Tile ``2p`` of pair ``p`` sits in
   buffer 0 and is owned by warpgroup 0, tile ``2p + 1`` in buffer 1 by warpgroup 1. Each computes the whole
   ``S [64 heads, 64 rows]`` of its tile (m64n64: q is read once per tile, not once per 32 rows) and its
@@ -65,7 +65,7 @@ PRODUCER_WARPS = 4
 #: warps get the rest of the register file). Measured on the H200 (BENCHMARKS.md): fp8 decode h_q 128 at batch
 #: 128 x s_q 2 471 us with these against 519 us with the bf16 setting; bf16 prefill h_q 128 5.99 against 6.19 ms.
 PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # keyed by "fp8_ds_mla"
-#: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_sparse_mla_sm90_pp_kernel`) by default,
+#: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
 #: no spills at these, sm_90 compile)
 PINGPONG = True
@@ -327,65 +327,6 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
               sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True)
 
 
-@gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
-def _sparse_mla_sm90_kernel(
-    q_ptr, stride_qt, stride_qh,
-    nope_ptr, stride_nope,
-    scale_ptr, stride_scale,
-    rope_ptr, stride_rope,
-    idx_ptr, stride_it,
-    len_ptr, sink_ptr,
-    out_ptr, stride_ot, stride_oh, stride_os,
-    ml_ptr, lse_ptr,
-    T, h_q, S, topk, split_len,
-    sm_scale_log2,
-    IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
-    BH: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EARLY: gl.constexpr,
-):
-    """Warp-specialised sparse MLA for a group of ``BH`` heads (64: two math warpgroups, :func:`_math_64`;
-    16 or 32: one, :func:`_math_rows`), same arguments and results as the Triton kernel: a producer
-    warpgroup (:func:`_producer`) copies, and for fp8_ds_mla dequantises, the gathered rows into two
-    bf16 tile buffers while the math warps run the products and the softmax of the other one; two
-    mbarriers per buffer (full, empty)."""
-    BN: gl.constexpr = 64
-    DV: gl.constexpr = 512
-    DR: gl.constexpr = 64
-    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    t, t64, hg, sid = _token_group(h_q, BH)
-    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
-    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
-    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
-    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
-    if BH == 64:
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
-    else:  # P^T
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH], gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(2):
-        mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
-    start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
-    idx_row = idx_ptr + t64 * stride_it
-    if BH == 64:
-        gl.warp_specialize([
-            (_math_64, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
-                        stride_qh, idx_row, len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                        lse_ptr, t, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, HAS_SINK, SPLIT)),
-            (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                            rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
-                             stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                             lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                             SPLIT)),
-            (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                            rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
-
-
 # ------------------------------------------------------------------------------------------------------
 # 64-head groups, ping-pong: the two math warpgroups own alternate tiles (pairs of tiles per step)
 # ------------------------------------------------------------------------------------------------------
@@ -409,8 +350,7 @@ def _pp_copy_bf16(kn, kr, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, r
 def _pp_ready(bar):
     """The producer's copies of a half tile have landed: make them visible to wgmma and signal ``bar``."""
     fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(bar)
+    _signal(bar)
 
 
 @gluon.jit
@@ -591,10 +531,12 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
               h_q, BH, 256 * WG, 0, o_layout, HAS_SINK, SPLIT, WG == 1)
 
 
+
 @gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
-def _sparse_mla_sm90_pp_kernel(
+def _sparse_mla_sm90_kernel(
     q_ptr, stride_qt, stride_qh,
     nope_ptr, stride_nope,
+    scale_ptr, stride_scale,
     rope_ptr, stride_rope,
     idx_ptr, stride_it,
     len_ptr, sink_ptr,
@@ -602,44 +544,90 @@ def _sparse_mla_sm90_pp_kernel(
     ml_ptr, lse_ptr,
     T, h_q, S, topk, split_len,
     sm_scale_log2,
-    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
-    PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, MATH_REGS: gl.constexpr,
+    IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+    BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    EARLY: gl.constexpr, MATH_REGS: gl.constexpr,
 ):
-    """64-head groups over the bf16 cache, ping-pong schedule (:func:`_math_pp`, :func:`_producer_pp`): same
-    results as :func:`_sparse_mla_sm90_kernel`. Three warpgroups: math 0 (default partition), math 1, producer."""
-    BH: gl.constexpr = 64
+    """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
+    a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
+    while the math warps run the products and the softmax of the other one.
+
+    * ``PINGPONG`` (64 heads, bf16 cache; launched with 4 warps): two math warpgroups owning alternate tiles
+      (:func:`_math_pp`; the worker one with ``MATH_REGS`` registers), :func:`_producer_pp`, each buffer released
+      in halves.
+    * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
+      (4 warps): one, the rows as M (:func:`_math_rows`); :func:`_producer` (``EARLY`` fp8 groups loaded before a
+      buffer is free), two mbarriers per buffer (full, empty)."""
     BN: gl.constexpr = 64
+    DV: gl.constexpr = 512
+    DR: gl.constexpr = 64
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     t, t64, hg, sid = _token_group(h_q, BH)
-    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh)
-    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh)
-    k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sh)
-    k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sh)
-    p1_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
-    m_smem = gl.allocate_shared_memory(gl.float32, [BH], vec)
-    l_smem = gl.allocate_shared_memory(gl.float32, [2 * BH], vec)
-    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    xbar = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(4):
-        mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(free.index(j), count=1)
-    for j in gl.static_range(7):
-        mbarrier.init(xbar.index(j), count=1)
-    start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
-    n_pairs = (n_tiles + 1) // 2
     idx_row = idx_ptr + t64 * stride_it
-    gl.warp_specialize([
-        (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
-                    q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                    lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK, SPLIT)),
-        (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
-                    q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                    lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK, SPLIT)),
-        (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row,
-                        start, n_pairs, stop, S, PRODUCER_WARPS)),
-    ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+    if PINGPONG:
+        vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DV], sh)
+        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], sh)
+        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+        p1_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
+        m_smem = gl.allocate_shared_memory(gl.float32, [BH], vec)
+        l_smem = gl.allocate_shared_memory(gl.float32, [2 * BH], vec)
+        ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        xbar = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(4):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(free.index(j), count=1)
+        for j in gl.static_range(7):
+            mbarrier.init(xbar.index(j), count=1)
+        start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)  # (after the barriers' init:
+        n_pairs = (n_tiles + 1) // 2  # the order the kernel was measured in)
+        gl.warp_specialize([
+            (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                        q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
+                        ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK,
+                        SPLIT)),
+            (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                        q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
+                        ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK,
+                        SPLIT)),
+            (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
+                            idx_row, start, n_pairs, stop, S, PRODUCER_WARPS)),
+        ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+    else:
+        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
+        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
+        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+        if BH == 64:
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
+        else:  # P^T
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH],
+                                               gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
+        full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2):
+            mbarrier.init(full.index(j), count=1)
+            mbarrier.init(empty.index(j), count=1)
+        start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
+        if BH == 64:
+            gl.warp_specialize([
+                (_math_64, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
+                            stride_qh, idx_row, len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+                            lse_ptr, t, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, HAS_SINK, SPLIT)),
+                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
+                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
+                              SPLIT)),
+                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
@@ -664,18 +652,11 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     is_fp8 = nope.dtype != torch.bfloat16
     if pingpong and (is_fp8 or block_h != BLOCK_H):
         raise ValueError("config pingpong=True: the ping-pong schedule serves 64-head groups over the bf16 cache only")
-    if block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong):
-        prod = dict(PRODUCER_PP, **(producer or {}))
-        _sparse_mla_sm90_pp_kernel[grid](
-            q, q.stride(0), q.stride(1), nope, nope.stride(0), rope, rope.stride(0), indices,
-            indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk,
-            split_len, scale_log2, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split,
-            PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], MATH_REGS=prod["math_regs"], num_warps=4)
-        return
-    prod = dict(PRODUCER[is_fp8], **(producer or {}))
+    pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
+    prod = dict(PRODUCER_PP if pp else PRODUCER[is_fp8], **(producer or {}))
     _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-        num_warps=8 if block_h == BLOCK_H else 4)
+        PINGPONG=pp, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], EARLY=prod.get("early", 0),
+        MATH_REGS=prod.get("math_regs", 0), num_warps=8 if block_h == BLOCK_H and not pp else 4)
