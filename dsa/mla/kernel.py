@@ -255,7 +255,8 @@ def _sparse_mla_combine_kernel(
     m = tl.max(lse_s, 0)
     empty = m == float("-inf")
     m_use = tl.where(empty, 0.0, m)
-    sumw = tl.sum(tl.exp2(lse_s - m_use[None, :]), 0)
+    w_s = tl.exp2(lse_s - m_use[None, :])  # each split's weight
+    sumw = tl.sum(w_s, 0)
     denom = sumw
     if HAS_SINK:
         sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
@@ -263,7 +264,7 @@ def _sparse_mla_combine_kernel(
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
     acc = tl.zeros([BLOCK_H, DC], tl.float32)
     if SB == NS_PAD:
-        acc = tl.sum(tl.exp2(lse_s - m_use[None, :])[:, :, None] * o_all, 0)
+        acc = tl.sum(w_s[:, :, None] * o_all, 0)
     elif SB == 1:
         for s in range(num_splits):
             off = s * th + t * h_q + offs_h
