@@ -13,6 +13,7 @@ Groups (shapes x configs):
                 padded 64-head group (the Gluon kernel on sm_90)
   mla_producer  the Hopper Gluon kernel's producer settings against the defaults and the Triton kernel
   mla_pingpong  the Hopper kernel's ping-pong schedule (64-head groups, bf16 cache) against its default one
+  mla_cluster   split-K decode merged inside the Hopper kernel (clusters) against the merge kernel, batch 1-64
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -166,6 +167,24 @@ def mla_pingpong():
             for c in cfgs]
 
 
+def mla_cluster():
+    """Split-K decode with the splits merged inside the Hopper kernel (a cluster of CTAs per (token, head group))
+    against the merge kernel: the default, ``cluster=False`` and ``cluster=True`` (whatever the CTA count); h_q
+    16/32 (s_q 1; 32 heads of at most 4 tokens as two 16-head groups, as the default) and 64/128 (s_q 2), both
+    formats, batch 1-64."""
+    shapes = [(f"mla_{fmt}_h{h}_b{b}", (b, 1, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16") for h in (16, 32)
+              for b in (1, 4, 16, 32, 64)]
+    shapes += [(f"mla_{fmt}_h{h}_b{b}_sq2", (b, 2, h, 32768, fmt)) for fmt in ("fp8_ds_mla", "bf16")
+               for h, b in ((128, 1), (128, 4), (64, 1))]
+    out = []
+    for name, a in shapes:
+        b, h = a[0], a[2]
+        base = dict(ROWS, block_h=16 if h == 16 or b <= 4 else 32) if h < 64 else {}
+        for c in ({}, dict(base, cluster=False), dict(base, cluster=True)):
+            out.append(dict(group="mla_cluster", shape=name, args=a, cfg=c, ns=None))
+    return out
+
+
 def mla_prefill_small_h():
     """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
     prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
@@ -203,7 +222,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+GROUPS = dict(mla_cluster=mla_cluster, mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
               mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 

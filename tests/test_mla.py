@@ -22,6 +22,7 @@ LOG2E = 1.4426950408889634
 
 import pytest
 import torch
+import triton
 
 import dsa.mla.reference as ref_mod
 from dsa.backend import on_hopper
@@ -338,6 +339,21 @@ def test_kernel_all_invalid_and_lonely():
         torch.testing.assert_close(got[0][1].float(), v5.expand(H, -1), atol=0, rtol=2.0**-8)
 
 
+def test_cluster_size():
+    """Which split-K calls the Hopper kernel merges inside (a cluster per (token, head group)): 16/32-head groups,
+    2-16 splits rounded up to a power of two (8 at most below 132 SMs), clusters of 2 or at most half the SMs in
+    CTAs; forced: whenever the size allows; else the merge kernel."""
+    from dsa.mla.kernel import cluster_size
+
+    assert cluster_size(16, 1, 16, 132) == 16 and cluster_size(3, 4, 32, 132) == 4 and cluster_size(5, 2, 16, 132) == 8
+    assert cluster_size(16, 4, 16, 132) == 16 and cluster_size(16, 5, 16, 132) == 0  # 64 / 80 CTAs
+    assert cluster_size(2, 66, 16, 132) == 2 and cluster_size(4, 32, 32, 132) == 0 and cluster_size(8, 16, 16, 132) == 0
+    assert cluster_size(1, 1, 16, 132) == 0 and cluster_size(17, 1, 16, 132) == 0 and cluster_size(64, 1, 16, 132) == 0
+    assert cluster_size(16, 1, 64, 132) == 0 and cluster_size(16, 1, 64, 132, force=True) == 16
+    assert cluster_size(16, 100, 16, 132, force=True) == 16 and cluster_size(16, 1, 16, 78, force=True) == 0
+    assert cluster_size(8, 4, 16, 78) == 8
+
+
 def test_choose_num_splits():
     """Arguments: T, head groups, topk, SMs, BLOCK_N."""
     assert choose_num_splits(4096, 2, 2048, 132, 64) == 1  # prefill fills the GPU
@@ -597,6 +613,48 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
     portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
     assert len(calls) == 2
     assert_matches(outs[0], portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,topk,splits,kv_format,pingpong", [
+    (1, 16, 2048, 16, "fp8_ds_mla", None),  # batch-1 decode: one cluster of 16 CTAs
+    (1, 16, 2048, 16, "bf16", None),
+    (3, 32, 1000, 3, "fp8_ds_mla", None),  # 3 splits in clusters of 4 (the 4th split empty), 2 head rounds
+    (4, 24, 640, 5, "bf16", None),  # a masked 32-head group; 5 splits in clusters of 8
+    (9, 16, 2048, 2, "bf16", None),  # clusters of 2: 256 columns per CTA
+    (2, 128, 2048, 16, "fp8_ds_mla", False),  # 64-head groups, shared-tile schedule
+    (2, 72, 700, 4, "bf16", True),  # ping-pong schedule, a masked second group
+    (3, 64, 130, 2, "bf16", False),
+])
+def test_gpu_sm90_cluster_merge(T, H, topk, splits, kv_format, pingpong, monkeypatch):
+    """The split merge inside the Gluon kernel (the splits of a (token, head group) as one cluster of CTAs,
+    each merging a slice of the output columns after the cluster barrier) against the reference and the merge
+    kernel: every schedule, cluster sizes 2-16, padding splits, topk_length (later splits empty), sink, empty
+    rows, NaN in unused slots, poisoned out and stats; bitwise deterministic; the launch asked for the cluster."""
+    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
+
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 7, with_len=True,
+                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
+    tl_[0] = topk
+    if T > 1:
+        tl_[T - 1] = 70  # only the first split of the last token has entries
+    bh = block_h_for(H)
+    base = dict(SM90_ROWS_SMALL_HEADS, block_h=bh) if bh < 64 else dict(pingpong=pingpong)
+    calls = record_launches(monkeypatch, kernel_sm90, "cluster")
+    flat = ref_mod.flat_kv(kv)
+    runs = []
+    for cluster in (True, True, False):
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(base, cluster=cluster))
+        assert got[0] is out
+        runs.append(got)
+    assert calls == [triton.next_power_of_2(splits)] * 2 + [0]
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(runs[0], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    # the same partials merged by the merge kernel: equal up to the order of the sums
+    assert_matches(runs[0], runs[2], max_abs_v(kv, idx, 4096), "vs the merge kernel")
 
 
 @pytest.mark.gpu

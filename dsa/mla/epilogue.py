@@ -28,3 +28,25 @@ def row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SPLIT: 
         lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
         ml = tl.where(empty, float("-inf"), m_i * LN2)
     return inv, lse, ml
+
+
+@triton.jit
+def merge_weights(lse_s, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr):
+    """Merge of split partials by their lse: from ``lse_s [NS, BH]`` (log2 units, ``-inf`` for a split with no
+    valid entry or a padding split): ``(w_s [NS, BH], m_use [BH], inv [BH], lse [BH], empty [BH])``. The merged
+    output is ``inv * sum_s w_s * out_s`` (``w_s = 2^(lse_s - m_use)``); ``lse`` is the final natural-log lse
+    (``+inf`` for a row with no valid entry, the sink only in the denominator, as :func:`row_stats`)."""
+    LN2: tl.constexpr = 0.6931471805599453
+    LOG2E: tl.constexpr = 1.4426950408889634
+    m = tl.max(lse_s, 0)
+    empty = m == float("-inf")
+    m_use = tl.where(empty, 0.0, m)
+    w_s = tl.exp2(lse_s - m_use[None, :])
+    sumw = tl.sum(w_s, 0)
+    denom = sumw
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
+        denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_use))
+    inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
+    lse = tl.where(empty, float("inf"), (m_use + tl.log2(tl.where(empty, 1.0, sumw))) * LN2)
+    return w_s, m_use, inv, lse, empty

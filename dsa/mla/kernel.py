@@ -22,8 +22,9 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
 * Work split: when ``T * ceil(h_q / BLOCK_H)`` programs cannot fill the GPU (decode), the index
   list is cut into ``num_splits`` chunks handled by separate programs which write partial
   (normalised out, lse, max) in fp32; a small second kernel merges them by lse (for a few tokens in
-  narrow programs, 4 heads x 128 columns, so that many SMs read the partials at once). The caller's
-  arguments are the same either way.
+  narrow programs, 4 heads x 128 columns, so that many SMs read the partials at once; on Hopper, small
+  head groups with few programs merge inside the split kernel instead, see :func:`cluster_size`). The
+  caller's arguments are the same either way.
 
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
@@ -49,7 +50,7 @@ import triton.language as tl
 
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
-from .epilogue import row_stats
+from .epilogue import merge_weights, row_stats
 
 try:  # the Hopper kernel is written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
     from . import kernel_sm90
@@ -239,7 +240,6 @@ def _sparse_mla_combine_kernel(
     loop over splits; SB = NS_PAD: every split's partial output loaded together with the lse, one memory round
     trip in all); the program of the first column chunk also writes lse and max_logits."""
     LN2: tl.constexpr = 0.6931471805599453
-    LOG2E: tl.constexpr = 1.4426950408889634
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs_h < h_q
@@ -252,16 +252,7 @@ def _sparse_mla_combine_kernel(
     lse_s = tl.load(lse_part_ptr + part, mask=pmask, other=float("-inf"))
     if SB == NS_PAD:  # issued with the lse load: it does not wait for the max
         o_all = tl.load(o_part_ptr + part[:, :, None] * D + offs_d[None, None, :], mask=pmask[:, :, None], other=0.0)
-    m = tl.max(lse_s, 0)
-    empty = m == float("-inf")
-    m_use = tl.where(empty, 0.0, m)
-    w_s = tl.exp2(lse_s - m_use[None, :])  # each split's weight
-    sumw = tl.sum(w_s, 0)
-    denom = sumw
-    if HAS_SINK:
-        sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0)
-        denom += tl.exp2(tl.where(empty, float("-inf"), sink * LOG2E - m_use))
-    inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
+    w_s, m_use, inv, lse, empty = merge_weights(lse_s, sink_ptr, offs_h, hmask, HAS_SINK)
     acc = tl.zeros([BLOCK_H, DC], tl.float32)
     if SB == NS_PAD:
         acc = tl.sum(w_s[:, :, None] * o_all, 0)
@@ -284,9 +275,7 @@ def _sparse_mla_combine_kernel(
     tl.store(o_ptrs, (acc * inv[:, None]).to(tl.bfloat16), mask=hmask[:, None])
     if d_chunk == 0:
         ml_s = tl.load(ml_part_ptr + part, mask=pmask, other=float("-inf"))
-        sumw_safe = tl.where(empty, 1.0, sumw)
-        tl.store(lse_ptr + t * h_q + offs_h, tl.where(empty, float("inf"), (m_use + tl.log2(sumw_safe)) * LN2),
-                 mask=hmask)
+        tl.store(lse_ptr + t * h_q + offs_h, lse, mask=hmask)
         tl.store(ml_ptr + t * h_q + offs_h, tl.where(empty, float("-inf"), tl.max(ml_s, 0) * LN2), mask=hmask)
 
 
@@ -360,6 +349,25 @@ SM90_ROWS_SMALL_HEADS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=Fal
 SM90_TWO_GROUPS_MAX_T = 4
 
 
+def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, force: bool = False) -> int:
+    """Cluster size for the split merge inside the Hopper kernel (the ``num_splits`` splits of each of the
+    ``programs`` (token, head group) pairs as one cluster of CTAs; no merge kernel), or 0 for the merge kernel.
+    The split count rounded up to a power of two (the extra splits are empty), at most 16 CTAs (the largest,
+    non-portable cluster; 8 on GPUs with fewer than 132 SMs). Taken for 16/32-head groups when the clusters run
+    in one wave: clusters of 2, or at most ``num_sms // 2`` CTAs. Measured on the H200 (BENCHMARKS.md, CUDA
+    graphs, s_q 1, 32K context, us, merge kernel -> in-kernel merge): fp8 h_q 16 batch 1 12.1 -> 10.2, batch 4
+    12.3 -> 10.4, batch 64 (2 splits) 58.1 -> 55.9; bf16 h_q 16 batch 1 9.8 -> 8.3; but batch 16 / 32 (clusters
+    of 8 / 4, 128 CTAs: some no longer fit beside the others) 18.8 -> 29.0 / 33.3 -> 56.2, and 64-head groups
+    (several merge rounds per CTA) at batch 1 16.1 -> 19.9 (bf16 h_q 128, s_q 2). ``force``: whenever the
+    size allows (tests, benchmarks)."""
+    n = triton.next_power_of_2(max(int(num_splits), 1))
+    if kernel_sm90 is None or n < 2 or n > (kernel_sm90.MAX_CLUSTER if num_sms >= 132 else 8):
+        return 0
+    if force or (block_h < 64 and (n == 2 or programs * n <= num_sms // 2)):
+        return n
+    return 0
+
+
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
                       num_splits: int | None = None, config: dict | None = None):
     """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
@@ -369,7 +377,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
     portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``producer=`` overrides
     that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``pingpong=True/False`` picks its ping-pong
-    schedule for 64-head groups over the bf16 cache or not; ``rows=True`` with a
+    schedule for 64-head groups over the bf16 cache or not; ``cluster=False`` keeps the merge kernel after its
+    split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
+    ``rows=True`` with a
     16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
     head groups on sm_90 take that kernel where it is supported.
     """
@@ -418,11 +428,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
                 and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
 
-    def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split):
+    def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split, cluster=0):
         if use_sm90:
             kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
                                T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
-                               producer=cfg.get("producer"), pingpong=cfg.get("pingpong"))
+                               producer=cfg.get("producer"), pingpong=cfg.get("pingpong"), cluster=cluster,
+                               final=(out, out.stride(0), out.stride(1), max_logits, lse))
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                          T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
@@ -430,9 +441,16 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     if num_splits == 1:
         fwd((T * n_hg, 1), out, out.stride(0), out.stride(1), 0, max_logits, lse, False)
         return out, max_logits, lse
-    o_part = torch.empty(num_splits, T, h_q, d_v, dtype=torch.float32, device=dev)
-    lse_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
-    ml_part = torch.empty(num_splits, T, h_q, dtype=torch.float32, device=dev)
+    cluster = 0
+    if use_sm90 and cfg.get("cluster", True) is not False:
+        cluster = cluster_size(num_splits, T * n_hg, bh, _num_sms(dev), force=cfg.get("cluster") is True)
+    ns_alloc = max(num_splits, cluster)
+    o_part = torch.empty(ns_alloc, T, h_q, d_v, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
+    ml_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
+    if cluster:  # the splits of each (token, head group) as one cluster, merged inside the kernel
+        fwd((T * n_hg, 1), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True, cluster)
+        return out, max_logits, lse
     fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
     # merge: with few (token, head) pairs (batch-1 decode) narrow programs (4 heads x 128 columns; up to 16
     # splits: all partials loaded with the lse in one memory round trip, else 8 splits per trip) so that the

@@ -34,6 +34,13 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   so no MMA work goes to padding heads.
 * Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (:func:`_epilogue`; partials for
   split-K).
+* Split-K merged inside the kernel (``CLUSTER``; :func:`dsa.mla.kernel.cluster_size` decides when): the splits
+  of one (token, head group) run as one cluster of CTAs, which are scheduled together. Each stores its fp32
+  partials, all meet at the cluster barrier (``barrier.cluster``, release/acquire), then each merges a slice of
+  the output columns from the partials in L2 (:func:`_cluster_merge`): no second launch, which costs 2-4 us at
+  batch 1. The clusters are launched by giving the compiled variant a cluster size in its launch metadata
+  (:class:`_ClusterJITFunction`), not by Triton's ``num_ctas``, which would also spread every layout over the
+  CTAs.
 
 Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
 ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
@@ -49,14 +56,18 @@ kernel, which stays the path everywhere else.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+import triton
 from triton.experimental import gluon
+from triton.experimental.gluon._runtime import GluonJITFunction  # (Triton 3.6: the class gluon.jit builds)
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .epilogue import row_stats
+from .epilogue import merge_weights, row_stats
 
 BLOCK_H = 64
 BLOCK_N = 64
@@ -118,12 +129,75 @@ def _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q,
 
 
 @gluon.jit
-def _token_group(h_q, BH: gl.constexpr):
-    """This program's token, head group (of ``BH`` heads) and split: ``(t, t64, hg, sid)``."""
+def _token_group(h_q, BH: gl.constexpr, CLUSTER: gl.constexpr):
+    """This program's token, head group (of ``BH`` heads) and split: ``(t, t64, hg, sid)``. ``CLUSTER``: the
+    splits of one (token, head group) are the ``CLUSTER`` CTAs of one cluster (program axis 0, rank = split)."""
     pid = gl.program_id(0)
+    if CLUSTER > 1:
+        sid = pid % CLUSTER
+        pid = pid // CLUSTER
+    else:
+        sid = gl.program_id(1)
     n_hg = gl.cdiv(h_q, BH)
     t = pid // n_hg
-    return t, t.to(gl.int64), pid % n_hg, gl.program_id(1)
+    return t, t.to(gl.int64), pid % n_hg, sid
+
+
+@gluon.jit
+def _cluster_barrier(NW: gl.constexpr, WAIT: gl.constexpr):
+    """``barrier.cluster``: every thread of these ``NW`` warps arrives, with release semantics (its global
+    stores before this point are visible to every CTA of the cluster past the wait); ``WAIT``: and waits
+    until every non-exited thread of the cluster has arrived (acquire)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    one_per_thread = gl.full([32 * NW], 0, gl.int32, lay)
+    # (launched without a cluster, ptxas makes the wait a barrier of the whole CTA, which the parked worker warps
+    # never reach: a hang. Hence the check after the launch in :func:`launch`.)
+    if WAIT:
+        asm: gl.constexpr = "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\nmov.u32 $0, $1;"
+    else:
+        asm: gl.constexpr = "barrier.cluster.arrive.release.aligned;\nmov.u32 $0, $1;"
+    gl.inline_asm_elementwise(asm, "=r,r", [one_per_thread], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_merge(o_part_ptr, lse_part_ptr, ml_part_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, ml_ptr, lse_ptr,
+                   t64, hg, sid, T, h_q, BH: gl.constexpr, NS: gl.constexpr, HAS_SINK: gl.constexpr,
+                   NW: gl.constexpr):
+    """The split merge inside the kernel (after the cluster barrier): the CTA of split ``sid`` merges output
+    columns ``[sid * 512 / NS, (sid + 1) * 512 / NS)`` of its head group from the ``NS`` fp32 partials (``[NS,
+    T, h_q, 512]``, lse and max ``[NS, T, h_q]`` in log2 units, written by the cluster's CTAs), the same
+    arithmetic as :func:`dsa.mla.kernel._sparse_mla_combine_kernel` (:func:`~dsa.mla.epilogue.merge_weights`);
+    split 0 also writes lse and max_logits. Heads in rounds of ``HB`` (each loads its lse and partials
+    together: one memory round trip; at most 64 partial values per thread, 32 for 64-head groups: more made
+    the math partitions spill, sm_90 compile)."""
+    LN2: gl.constexpr = 0.6931471805599453
+    D: gl.constexpr = 512
+    DC: gl.constexpr = D // NS
+    HB: gl.constexpr = 4 * NW if BH < 64 else 2 * NW  # (more spilled registers in the partitions)
+    TD: gl.constexpr = DC // 4 if DC < 128 else 32
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
+    sh_l: gl.constexpr = gl.SliceLayout(2, l3)  # [NS, HB]
+    o_l: gl.constexpr = gl.SliceLayout(0, l3)  # [HB, DC]
+    offs_s = gl.arange(0, NS, gl.SliceLayout(1, sh_l))
+    offs_d = sid * DC + gl.arange(0, DC, gl.SliceLayout(0, o_l))
+    for h0 in gl.static_range(0, BH, HB):
+        offs_h = hg * BH + h0 + gl.arange(0, HB, gl.SliceLayout(0, sh_l))
+        hmask = offs_h < h_q
+        part = (offs_s[:, None].to(gl.int64) * T + t64) * h_q + offs_h[None, :]
+        pmask = (offs_s[:, None] < NS) & hmask[None, :]
+        lse_s = gl.load(lse_part_ptr + part, mask=pmask, other=float("-inf"), cache_modifier=".cg")
+        o_all = gl.load(o_part_ptr + gl.expand_dims(part * D, 2) + gl.expand_dims(gl.expand_dims(offs_d, 0), 0),
+                        mask=gl.expand_dims(pmask, 2), other=0.0, cache_modifier=".cg")
+        w_s, m_use, inv, lse, empty = merge_weights(lse_s, sink_ptr, offs_h, hmask, HAS_SINK)
+        acc = gl.sum(gl.expand_dims(w_s, 2) * o_all, 0)
+        offs_ho = gl.convert_layout(offs_h, gl.SliceLayout(1, o_l))
+        o_ptrs = out_ptr + t64 * stride_ot + offs_ho[:, None] * stride_oh + offs_d[None, :]
+        gl.store(o_ptrs, (acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]).to(gl.bfloat16),
+                 mask=(offs_ho < h_q)[:, None])
+        if sid == 0:
+            ml_s = gl.load(ml_part_ptr + part, mask=pmask, other=float("-inf"), cache_modifier=".cg")
+            gl.store(lse_ptr + t64 * h_q + offs_h, lse, mask=hmask)
+            gl.store(ml_ptr + t64 * h_q + offs_h, gl.where(empty, float("-inf"), gl.max(ml_s, 0) * LN2), mask=hmask)
 
 
 @gluon.jit
@@ -159,7 +233,7 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
 @gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
               stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-              EARLY: gl.constexpr):
+              EARLY: gl.constexpr, CLUSTER: gl.constexpr):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
@@ -218,6 +292,8 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         fence_async_shared()
         gl.thread_barrier()  # every producer thread's part is in (the producer warps only)
         mbarrier.arrive(full.index(s))
+    if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
+        _cluster_barrier(PW, False)
 
 
 @gluon.jit
@@ -355,7 +431,7 @@ def _pp_ready(bar):
 
 @gluon.jit
 def _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row, start,
-                 n_pairs, stop, S, PW: gl.constexpr):
+                 n_pairs, stop, S, PW: gl.constexpr, CLUSTER: gl.constexpr):
     """Producer of the ping-pong schedule (bf16 cache): tile ``2p`` of pair ``p`` goes to buffer 0, tile ``2p + 1``
     to buffer 1, each in two halves (L: values ``[0, 256)``; R: ``[256, 512)`` and the rope part) with their own
     ``ready`` / ``free`` mbarriers (index ``2 * buffer + half``), copied by ``cp.async`` in the order the math
@@ -388,6 +464,8 @@ def _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, r
         _pp_ready(ready.index(1))
         cp.wait_group(0)
         _pp_ready(ready.index(2))
+    if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
+        _cluster_barrier(PW, False)
 
 
 @gluon.jit
@@ -412,7 +490,7 @@ def _signal(bar):
 def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
              q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
              t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, WG: gl.constexpr, HAS_SINK: gl.constexpr,
-             SPLIT: gl.constexpr):
+             SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
     """One math warpgroup of the ping-pong schedule (WG 0: the default partition, WG 1: a worker). Warpgroup
     ``WG`` owns tile ``2p + WG`` of pair ``p`` (buffer ``WG``): its whole ``S [64 heads, 64 rows]`` (m64n64,
     q read once per tile) and softmax, and output columns ``[256 WG, 256 WG + 256)`` of both tiles: P.V with its
@@ -529,10 +607,36 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
     l_tot = l_run + l_smem.slice((1 - WG) * BH, BH).load(row_s)
     _epilogue(acc, l_tot, m_run, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
               h_q, BH, 256 * WG, 0, o_layout, HAS_SINK, SPLIT, WG == 1)
+    if CLUSTER > 1:
+        if WG == 1:  # the worker's part of the cluster barrier (after its partial stores)
+            _cluster_barrier(4, False)
 
 
 
-@gluon.jit(do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
+def _compile_with_cluster(src, *args, **kwargs):
+    """The kernel's compile step: a variant with ``CLUSTER`` > 1 launches its grid axis 0 as clusters of that many
+    CTAs. (Triton's own ``num_ctas`` would also distribute every tensor layout over the cluster; here each CTA
+    is a whole program, so only the launch changes: the launcher reads the cluster size from the packed metadata,
+    runs ``grid[0] * CLUSTER`` CTAs and sets the non-portable-size attribute for 16.)"""
+    kernel = triton.compile(src, *args, **kwargs)
+    n = src.constants.get((src.fn.arg_names.index("CLUSTER"), ), 0)
+    if n > 1:
+        nw, _, shared = kernel.packed_metadata
+        kernel.packed_metadata = (nw, int(n), shared)
+    return kernel
+
+
+class _ClusterJITFunction(GluonJITFunction):
+    """A Gluon kernel whose variants compile through :func:`_compile_with_cluster` (Triton sets ``compile`` when it
+    first binds the kernel to a device, so it is replaced there)."""
+
+    def create_binder(self):
+        binder = super().create_binder()
+        self.compile = _compile_with_cluster
+        return binder
+
+
+@functools.partial(_ClusterJITFunction, do_not_specialize=["T", "h_q", "S", "topk", "split_len"])
 def _sparse_mla_sm90_kernel(
     q_ptr, stride_qt, stride_qh,
     nope_ptr, stride_nope,
@@ -542,11 +646,12 @@ def _sparse_mla_sm90_kernel(
     len_ptr, sink_ptr,
     out_ptr, stride_ot, stride_oh, stride_os,
     ml_ptr, lse_ptr,
+    fout_ptr, stride_fot, stride_foh, fml_ptr, flse_ptr,  # CLUSTER: the merged results (else unused)
     T, h_q, S, topk, split_len,
     sm_scale_log2,
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    EARLY: gl.constexpr, MATH_REGS: gl.constexpr,
+    EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -562,7 +667,7 @@ def _sparse_mla_sm90_kernel(
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    t, t64, hg, sid = _token_group(h_q, BH)
+    t, t64, hg, sid = _token_group(h_q, BH, CLUSTER)
     idx_row = idx_ptr + t64 * stride_it
     if PINGPONG:
         vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
@@ -587,13 +692,13 @@ def _sparse_mla_sm90_kernel(
             (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
                         q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
                         ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK,
-                        SPLIT)),
+                        SPLIT, CLUSTER)),
             (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
                         q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
                         ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK,
-                        SPLIT)),
+                        SPLIT, CLUSTER)),
             (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
-                            idx_row, start, n_pairs, stop, S, PRODUCER_WARPS)),
+                            idx_row, start, n_pairs, stop, S, PRODUCER_WARPS, CLUSTER)),
         ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
     else:
         q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
@@ -617,7 +722,8 @@ def _sparse_mla_sm90_kernel(
                             stride_qh, idx_row, len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
                             lse_ptr, t, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, HAS_SINK, SPLIT)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
+                             CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -626,8 +732,15 @@ def _sparse_mla_sm90_kernel(
                               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
                               SPLIT)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
+                             CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    if CLUSTER > 1:  # every CTA of the cluster has stored its partials: merge them
+        NW: gl.constexpr = 4 if PINGPONG or BH < 64 else 8
+        _cluster_barrier(NW, True)
+        t, t64, hg, sid = _token_group(h_q, BH, CLUSTER)  # (not kept live through the partitions)
+        _cluster_merge(out_ptr, lse_ptr, ml_ptr, sink_ptr, fout_ptr, stride_fot, stride_foh, fml_ptr, flse_ptr, t64,
+                       hg, sid, T, h_q, BH, CLUSTER, HAS_SINK, NW)
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
@@ -640,23 +753,38 @@ def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
     return block_h in (16, 32, BLOCK_H) and kv.data_ptr() % 16 == 0 and on_hopper(q.device)
 
 
+#: largest cluster (split count merged inside the kernel): 16 CTAs is the largest (non-portable) size on Hopper
+MAX_CLUSTER = 16
+
+
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None):
+           producer=None, pingpong=None, cluster=0, final=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` (benchmarks); ``pingpong`` (64-head
-    groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`)."""
+    groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
+    :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
+    run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
+    fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
     is_fp8 = nope.dtype != torch.bfloat16
     if pingpong and (is_fp8 or block_h != BLOCK_H):
         raise ValueError("config pingpong=True: the ping-pong schedule serves 64-head groups over the bf16 cache only")
+    cluster = int(cluster or 0)
+    if cluster > 1:
+        assert split and grid[1] == 1 and final is not None
+        assert cluster <= MAX_CLUSTER and cluster & (cluster - 1) == 0, cluster
+    else:
+        cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
     prod = dict(PRODUCER_PP if pp else PRODUCER[is_fp8], **(producer or {}))
-    _sparse_mla_sm90_kernel[grid](
+    kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
-        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, T, h_q, S, topk,
+        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], EARLY=prod.get("early", 0),
-        MATH_REGS=prod.get("math_regs", 0), num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        MATH_REGS=prod.get("math_regs", 0), CLUSTER=cluster, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+    if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
+        raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
