@@ -17,6 +17,9 @@ Tolerances (kernel vs reference, both fp32 accumulation over the same bf16 opera
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 LOG2E = 1.4426950408889634
 
@@ -712,3 +715,54 @@ def test_sm90_kernel_never_serves_off_hopper():
         q = torch.zeros(2, 16, D_QK, dtype=torch.bfloat16, device=DEVICE)
         kv = torch.zeros(8, D_QK, dtype=torch.bfloat16, device=DEVICE)
         assert not any(kernel_sm90.supported(q, kv, bh) for bh in (16, 32, 64))
+
+
+_COMPILE_SM90 = r"""
+import sys
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from dsa.mla import kernel_sm90
+
+fn = kernel_sm90._sparse_mla_sm90_kernel
+ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
+            sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
+            flse_ptr="*fp32")
+for cluster in map(int, sys.argv[1:]):
+    consts = dict(IS_FP8=False, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False, PRODUCER_WARPS=4,
+                  PRODUCER_REGS=96, EARLY=2, MATH_REGS=0, CLUSTER=cluster)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
+           for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
+    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    print(cluster, k.packed_metadata[1], int("barrier.cluster.wait" in k.asm["ptx"]))
+"""
+
+
+def test_sm90_cluster_variant_launch_metadata():
+    """A ``CLUSTER`` variant of the Hopper kernel carries its cluster size in the launch metadata the launcher
+    reads (it then runs ``grid[0] * CLUSTER`` CTAs as clusters; without that the cluster barrier would hang the
+    kernel) and has the barrier; ``CLUSTER`` 0 has neither. Compiled for sm_90 on any machine (Triton's own
+    ptxas, in a process without the CPU interpreter, which cannot compile Gluon)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SM90, "0", "4"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["0", "1", "0", "4", "4", "1"], r.stdout
+
+
+def test_sm90_compile_hook_survives_binding(monkeypatch):
+    """Triton sets a kernel's ``compile`` when it first binds it to a device: the Hopper kernel's class puts its
+    cluster-aware compile step back right after."""
+    from triton.experimental.gluon._runtime import GluonJITFunction
+
+    from dsa.mla import kernel_sm90
+
+    def bind(self):
+        self.compile = "triton's"
+        return "binder"
+
+    monkeypatch.setattr(GluonJITFunction, "create_binder", bind)
+    fn = kernel_sm90._sparse_mla_sm90_kernel
+    monkeypatch.setattr(fn, "compile", None, raising=False)
+    assert fn.create_binder() == "binder" and fn.compile is kernel_sm90._compile_with_cluster
