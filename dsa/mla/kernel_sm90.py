@@ -297,6 +297,21 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
 
 
 @gluon.jit
+def _softmax_step(sc, valid, m_i, l_2d, sm_scale_log2, HEAD_AXIS: gl.constexpr):
+    """One tile of the online softmax (log2 units) on the raw logits ``sc``, ``[heads, rows]`` (``HEAD_AXIS`` 0)
+    or ``[rows, heads]`` (1): invalid rows to ``-inf``, the new running max ``m_i``, the rescale factor of the
+    earlier tiles ``alpha``, ``P`` and the per-element partial sums ``l_2d`` (reduced over the rows at the
+    end). Returns ``(p, alpha, l_2d, m_i)``."""
+    ROW_AXIS: gl.constexpr = 1 - HEAD_AXIS
+    sc = gl.where(gl.expand_dims(valid, HEAD_AXIS), sc * sm_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, ROW_AXIS))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(sc - gl.expand_dims(m_use, ROW_AXIS))
+    return p, alpha, l_2d * gl.expand_dims(alpha, ROW_AXIS) + p, m_new
+
+
+@gluon.jit
 def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt, stride_qh,
              idx_row, len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t, t64, hg, sid,
              T, h_q, S, start, stop, n_tiles, sm_scale_log2, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):
@@ -328,13 +343,7 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
         sc = warpgroup_mma(q_nope_smem, kn.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
-        sc = gl.where(valid_s[None, :], sc * sm_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[:, None])
-        l_2d = l_2d * alpha[:, None] + p
-        m_i = m_new
+        p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 0)
 
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
@@ -382,13 +391,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
-        sc = gl.where(valid_s[:, None], sc * sm_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[None, :])
-        l_2d = l_2d * alpha[None, :] + p
-        m_i = m_new
+        p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
 
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
