@@ -14,6 +14,8 @@ Groups (shapes x configs):
   mla_producer  the Hopper Gluon kernel's producer settings against the defaults and the Triton kernel
   mla_pingpong  the Hopper kernel's ping-pong schedule (64-head groups, bf16 cache) against its default one
   mla_cluster   split-K decode merged inside the Hopper kernel (clusters) against the merge kernel, batch 1-64
+  mla_fp8_producer  fp8_ds_mla decode, h_q 16/32, batch 1-128: the Hopper kernel's producer (8 warps) against
+                one warpgroup
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -185,6 +187,22 @@ def mla_cluster():
     return out
 
 
+def mla_fp8_producer():
+    """fp8_ds_mla decode with 16/32-head groups (s_q 1, 32K context, batch 1-128): the Hopper kernel's producer
+    (:data:`dsa.mla.kernel_sm90.PRODUCER_ROWS_FP8`: 8 warps) against one warpgroup and against 8 warps with 96
+    registers and two groups loaded early; two rounds (shapes ending in "/2")."""
+    prods = [dict(warps=4, regs=120, early=4), dict(warps=8, regs=96, early=2)]
+    out = []
+    for r in ("", "/2"):
+        for h in (16, 32):
+            for b in (1, 4, 32, 64, 128):
+                base = dict(ROWS, block_h=16 if h == 16 or b <= 4 else 32)
+                for c in [{}] + [dict(base, producer=p) for p in prods]:
+                    out.append(dict(group="mla_fp8_producer", shape=f"mla_fp8_ds_mla_h{h}_b{b}{r}",
+                                    args=(b, 1, h, 32768, "fp8_ds_mla"), cfg=c, ns=None))
+    return out
+
+
 def mla_prefill_small_h():
     """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
     prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
@@ -222,7 +240,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_cluster=mla_cluster, mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+GROUPS = dict(mla_fp8_producer=mla_fp8_producer, mla_cluster=mla_cluster, mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
               mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 

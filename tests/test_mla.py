@@ -589,10 +589,12 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (40, 16, 2048, 2), (5, 32, 1000, 3), (2, 32, 2048, None),
                                              (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
-@pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2))])
+@pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2)),
+                                               ("fp8_ds_mla", dict(warps=4))])
 def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypatch):
     """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
-    masked one; fp8 also with two groups loaded early) against the reference and the small-head Triton
+    masked one; fp8 with its two producer warpgroups, also with two groups loaded early, and with one
+    warpgroup) against the reference and the small-head Triton
     programs: tails, invalid entries, empty rows, topk_length, sink, splits, NaN in unused slots, poisoned out;
     bitwise deterministic; the launch took it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
@@ -718,6 +720,7 @@ def test_sm90_kernel_never_serves_off_hopper():
 
 
 _COMPILE_SM90 = r"""
+import re
 import sys
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -727,15 +730,23 @@ fn = kernel_sm90._sparse_mla_sm90_kernel
 ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
             sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
             flse_ptr="*fp32")
-for cluster in map(int, sys.argv[1:]):
-    consts = dict(IS_FP8=False, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False, PRODUCER_WARPS=4,
-                  PRODUCER_REGS=96, EARLY=2, MATH_REGS=0, CLUSTER=cluster)
+fp8 = sys.argv[1] == "fp8"  # then: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
+prod = kernel_sm90.PRODUCER_ROWS_FP8 if fp8 else dict(regs=96, early=2, warps=4)
+if fp8:
+    ptrs.update(nope_ptr="*fp8e4nv", scale_ptr="*fp32")
+for cluster in map(int, sys.argv[2:]):
+    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False,
+                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
+                  CLUSTER=cluster)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
     k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    print(cluster, k.packed_metadata[1], int("barrier.cluster.wait" in k.asm["ptx"]))
+    ptx = k.asm["ptx"]
+    regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
+    print(cluster, k.packed_metadata[1], int("barrier.cluster.wait" in ptx), re.search(r"\.reqntid (\d+)", ptx)[1],
+          ",".join(regs))
 """
 
 
@@ -744,11 +755,30 @@ def test_sm90_cluster_variant_launch_metadata():
     reads (it then runs ``grid[0] * CLUSTER`` CTAs as clusters; without that the cluster barrier would hang the
     kernel) and has the barrier; ``CLUSTER`` 0 has neither. Compiled for sm_90 on any machine (Triton's own
     ptxas, in a process without the CPU interpreter, which cannot compile Gluon)."""
+    r = _compile_sm90("bf16", "0", "4")
+    assert [line.split()[:3] for line in r] == [["0", "1", "0"], ["4", "4", "1"]], r
+
+
+def _compile_sm90(*args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_SM90, "0", "4"], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SM90, *args], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["0", "1", "0", "4", "4", "1"], r.stdout
+    return r.stdout.strip().splitlines()
+
+
+def test_sm90_small_head_fp8_producer_fits():
+    """The small-head fp8 variant's two producer warpgroups (:data:`~dsa.mla.kernel_sm90.PRODUCER_ROWS_FP8`)
+    compile for sm_90 with the math warpgroup: 12 warps per CTA, and the registers the partitions ask for
+    (``setmaxnreg``) fit in the 64K register file (128 math threads + 256 producer threads)."""
+    from dsa.mla import kernel_sm90
+
+    assert kernel_sm90.PRODUCER_ROWS_FP8["warps"] == 8
+    (line, ) = _compile_sm90("fp8", "0")
+    cluster, size, barrier, threads, regs = line.split()
+    assert (cluster, size, barrier, threads) == ("0", "1", "0", "384"), line
+    regs = [int(r) for r in regs.split(",")]
+    assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
 def test_sm90_compile_hook_survives_binding(monkeypatch):

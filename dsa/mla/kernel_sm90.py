@@ -7,8 +7,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 
 * One program = one head group of one query token (and one split of its index list), walking the list
   in tiles of 64 gathered cache rows, one CTA per SM (160-225 KiB of shared memory).
-* Warp specialisation (:func:`_producer`): a producer warpgroup fills two bf16 tile buffers while the
-  math warps use the other one, with two mbarriers per buffer (full, empty). bf16 cache: the rows are
+* Warp specialisation (:func:`_producer`): a producer warpgroup (two for 16/32-head groups over the fp8_ds_mla
+  cache) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer (full, empty). bf16 cache: the rows are
   copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
@@ -46,7 +46,9 @@ Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the row
 ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
 producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
 row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
-gain: their decode is bound by gathering 656-byte rows), and two earlier ping-pongs that released each
+gain: their decode is bound by gathering 656-byte rows), for those small-head fp8 calls also a producer with
+two tiles in flight (the next tile's rows in registers, or tiles loaded in pairs: 8-16% slower) and row loads
+that bypass L1 (``.cg``: 15-20% slower; neighbouring loads of a row share its lines), and two earlier ping-pongs that released each
 buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was
 exposed at every tile).
 
@@ -76,6 +78,10 @@ PRODUCER_WARPS = 4
 #: warps get the rest of the register file). Measured on the H200 (BENCHMARKS.md): fp8 decode h_q 128 at batch
 #: 128 x s_q 2 471 us with these against 519 us with the bf16 setting; bf16 prefill h_q 128 5.99 against 6.19 ms.
 PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # keyed by "fp8_ds_mla"
+#: the producer of 16/32-head groups over the fp8_ds_mla cache: two warpgroups (``warps``) sharing each tile's rows.
+#: With one math warpgroup the register file has room for them. H200, CUDA graphs, s_q 1, 32K (BENCHMARKS.md):
+#: h_q 32 batch 64 65.2 -> 60.9 us, batch 128 110.1 -> 105.0, batch 1 10.2 -> 9.6; h_q 16 batch 64 56.6 -> 56.2
+PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8)
 #: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
 #: no spills at these, sm_90 compile)
@@ -764,7 +770,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
            producer=None, pingpong=None, cluster=0, final=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
-    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` (benchmarks); ``pingpong`` (64-head
+    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` (``regs``,
+    ``early``, ``warps``: benchmarks); ``pingpong`` (64-head
     groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
@@ -782,12 +789,13 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     else:
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
-    prod = dict(PRODUCER_PP if pp else PRODUCER[is_fp8], **(producer or {}))
+    prod = dict(PRODUCER_PP if pp else PRODUCER_ROWS_FP8 if is_fp8 and block_h < BLOCK_H else PRODUCER[is_fp8],
+                **(producer or {}))
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
-        PINGPONG=pp, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=prod["regs"], EARLY=prod.get("early", 0),
+        PINGPONG=pp, PRODUCER_WARPS=prod.get("warps", PRODUCER_WARPS), PRODUCER_REGS=prod["regs"], EARLY=prod.get("early", 0),
         MATH_REGS=prod.get("math_regs", 0), CLUSTER=cluster, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
