@@ -781,6 +781,57 @@ def test_sm90_small_head_fp8_producer_fits():
     assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,kv_format,T", [(16, "fp8_ds_mla", 4), (32, "bf16", 40), (128, "fp8_ds_mla", 2)])
+def test_gpu_sm90_variants_prefer_l1(H, kv_format, T, monkeypatch):
+    """Every compiled variant of the Hopper kernel (small-head rows, cluster and 64-head ones) has asked the
+    driver for the smallest shared-memory carveout (preference 0), and its results are unchanged by it."""
+    import ctypes
+
+    kernel_sm90 = _sm90_or_skip()
+    real, kernels = kernel_sm90._sparse_mla_sm90_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **k: kernels.append(real[grid](*a, **k)) or kernels[-1]
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    q, kv, idx, sm, _, _ = make_case(T, H, 2048, 4096, kv_format, seed=H + T)
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V)
+    assert kernels
+    for k in kernels:
+        v = ctypes.c_int(-2)
+        assert kernel_sm90._libcuda().cuFuncGetAttribute(ctypes.byref(v), kernel_sm90._CARVEOUT_ATTR,
+                                                          ctypes.c_void_p(k.function)) == 0
+        assert v.value == 0, (k.name, v.value)
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm), max_abs_v(kv, idx, 4096))
+
+
+def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):
+    """The carveout is a hint: a driver that refuses it gets a warning, not an error."""
+    from dsa.mla import kernel_sm90
+
+    class Kernel:
+        function = 1234
+
+        def _init_handles(self):
+            self.loaded = True
+
+    class Driver:
+        def cuFuncSetAttribute(self, fn, attr, value):
+            self.args = (fn.value, attr, value)
+            return 1  # CUDA_ERROR_INVALID_VALUE
+
+    drv, k = Driver(), Kernel()
+    monkeypatch.setattr(kernel_sm90, "_libcuda", lambda: drv)
+    with pytest.warns(RuntimeWarning, match="carveout"):
+        kernel_sm90._prefer_l1(k)
+    assert k.loaded and drv.args == (1234, kernel_sm90._CARVEOUT_ATTR, 0)
+
+
 def test_sm90_compile_hook_survives_binding(monkeypatch):
     """Triton sets a kernel's ``compile`` when it first binds it to a device: the Hopper kernel's class puts its
     cluster-aware compile step back right after."""

@@ -32,6 +32,9 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * 16/32-head groups (:func:`_math_rows`, one math warpgroup): the gathered rows are the M dimension of
   both products and the heads their N (S^T = K q^T, O^T = V^T P^T, V^T read transposed from the tile),
   so no MMA work goes to padding heads.
+* Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
+  (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
+  through.
 * Online softmax in fp32 with exp2, the same epilogue as the Triton kernel (:func:`_epilogue`; partials for
   split-K).
 * Split-K merged inside the kernel (``CLUSTER``; :func:`dsa.mla.kernel.cluster_size` decides when): the splits
@@ -46,11 +49,10 @@ Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the row
 ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
 producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
 row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
-gain: their decode is bound by gathering 656-byte rows), for those small-head fp8 calls also a producer with
-two tiles in flight (the next tile's rows in registers, or tiles loaded in pairs: 8-16% slower) and row loads
-that bypass L1 (``.cg``: 15-20% slower; neighbouring loads of a row share its lines), and two earlier ping-pongs that released each
-buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was
-exposed at every tile).
+gain), for those small-head fp8 calls also a producer with two tiles in flight (the next tile's rows in
+registers, or tiles loaded in pairs: 8-16% slower) and row loads that bypass L1 (``.cg``: 15-20% slower; the
+loads of one row share its 128-byte lines), and two earlier ping-pongs that released each buffer whole (64-row
+tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
@@ -58,7 +60,9 @@ kernel, which stays the path everywhere else.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import warnings
 
 import torch
 import triton
@@ -626,13 +630,41 @@ def _compile_with_cluster(src, *args, **kwargs):
     """The kernel's compile step: a variant with ``CLUSTER`` > 1 launches its grid axis 0 as clusters of that many
     CTAs. (Triton's own ``num_ctas`` would also distribute every tensor layout over the cluster; here each CTA
     is a whole program, so only the launch changes: the launcher reads the cluster size from the packed metadata,
-    runs ``grid[0] * CLUSTER`` CTAs and sets the non-portable-size attribute for 16.)"""
+    runs ``grid[0] * CLUSTER`` CTAs and sets the non-portable-size attribute for 16.) On a GPU, each variant is
+    also loaded and asked for the most L1 its shared memory leaves (:func:`_prefer_l1`)."""
     kernel = triton.compile(src, *args, **kwargs)
     n = src.constants.get((src.fn.arg_names.index("CLUSTER"), ), 0)
     if n > 1:
         nw, _, shared = kernel.packed_metadata
         kernel.packed_metadata = (nw, int(n), shared)
+    from ..backend import on_hopper
+
+    if torch.cuda.is_available() and on_hopper(torch.device("cuda")):  # (not in the CPU compile tests)
+        _prefer_l1(kernel)
     return kernel
+
+
+#: ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` (cuda.h)
+_CARVEOUT_ATTR = 9
+
+
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _prefer_l1(kernel) -> None:
+    """Ask the driver for the smallest shared-memory carveout that holds the kernel (preference 0 %): the rest of
+    each SM's 256 KiB is L1. Left to itself the driver gave these one-CTA-per-SM kernels the largest carveout
+    (228 KiB, 28 KiB of L1); the fp8 producer's row loads go through L1, and with 60 KiB of it small-head fp8
+    decode measured 5-9% faster on the H200 (BENCHMARKS.md; the indexer's kernels, several CTAs per SM, were
+    1.6-2.1x slower with it). A hint: a driver that refuses it changes nothing but the speed, so it only
+    warns."""
+    kernel._init_handles()
+    rc = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(kernel.function), _CARVEOUT_ATTR, 0)
+    if rc != 0:
+        warnings.warn(f"sparse_mla: cuFuncSetAttribute(preferred shared-memory carveout) returned {rc}; "
+                      "the Hopper kernel keeps the driver's default split", RuntimeWarning, stacklevel=2)
 
 
 class _ClusterJITFunction(GluonJITFunction):
