@@ -655,8 +655,8 @@ def _libcuda():
 
 def _prefer_l1(kernel) -> None:
     """Ask the driver for the smallest shared-memory carveout that holds the kernel (preference 0 %): the rest of
-    each SM's 256 KiB is L1. Left to itself the driver gave these one-CTA-per-SM kernels the largest carveout
-    (228 KiB, 28 KiB of L1); the fp8 producer's row loads go through L1, and with 60 KiB of it small-head fp8
+    each SM's 256 KiB is L1. Left to itself the driver timed the same as with the largest carveout (228 KiB,
+    28 KiB of L1); the fp8 producer's row loads go through L1, and with the rest (60 KiB) small-head fp8
     decode measured 5-9% faster on the H200 (BENCHMARKS.md; the indexer's kernels, several CTAs per SM, were
     1.6-2.1x slower with it). A hint: a driver that refuses it changes nothing but the speed, so it only
     warns."""
