@@ -831,6 +831,13 @@ def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):
         kernel_sm90._prefer_l1(k)
     assert k.loaded and drv.args == (1234, kernel_sm90._CARVEOUT_ATTR, 0)
 
+    def missing():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(kernel_sm90, "_libcuda", missing)
+    with pytest.warns(RuntimeWarning, match="OSError"):
+        kernel_sm90._prefer_l1(Kernel())
+
 
 def test_sm90_compile_hook_survives_binding(monkeypatch):
     """Triton sets a kernel's ``compile`` when it first binds it to a device: the Hopper kernel's class puts its

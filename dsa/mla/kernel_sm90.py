@@ -661,7 +661,10 @@ def _prefer_l1(kernel) -> None:
     1.6-2.1x slower with it). A hint: a driver that refuses it changes nothing but the speed, so it only
     warns."""
     kernel._init_handles()
-    rc = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(kernel.function), _CARVEOUT_ATTR, 0)
+    try:
+        rc = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(kernel.function), _CARVEOUT_ATTR, 0)
+    except (OSError, AttributeError) as e:  # no loadable libcuda.so.1 (Triton found the driver another way)
+        rc = f"{type(e).__name__}: {e}"
     if rc != 0:
         warnings.warn(f"sparse_mla: cuFuncSetAttribute(preferred shared-memory carveout) returned {rc}; "
                       "the Hopper kernel keeps the driver's default split", RuntimeWarning, stacklevel=2)
