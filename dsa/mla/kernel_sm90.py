@@ -50,7 +50,7 @@ ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower,
 producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
 row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
 gain), for those small-head fp8 calls also a producer with two tiles in flight (the next tile's rows in
-registers, or tiles loaded in pairs: 8-16% slower) and row loads that bypass L1 (``.cg``: 15-20% slower; the
+registers, or tiles loaded in pairs: 6-16% slower) and row loads that bypass L1 (``.cg``: 16-23% slower; the
 loads of one row share its 128-byte lines), and two earlier ping-pongs that released each buffer whole (64-row
 tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
 
