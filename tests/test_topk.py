@@ -260,6 +260,60 @@ def test_decode_form(next_n, two_d, device):
         assert_same(out.cpu(), ref, x, s)
 
 
+def _slot_table(B, N, bs, g, short=True):
+    """A shuffled block table for B requests of up to N positions: one entry negative (unallocated), one so large
+    that its slots overflow int32 (block size > 1), and, with ``short``, one block fewer than N needs."""
+    nb = -(-N // bs)
+    max_blocks = nb - 1 if short else nb
+    bt = torch.randperm(B * nb, generator=g)[:B * max_blocks].view(B, max_blocks).int()
+    bt[0, 1] = -1
+    if bs > 1:
+        bt[B - 1, 0] = 2**31 // bs + 3
+    return bt
+
+
+@pytest.mark.parametrize("bs", [1, 16, 64, 256])
+@pytest.mark.parametrize("next_n,two_d", [(1, False), (2, False), (3, True)])
+@pytest.mark.parametrize("cfg", ["default", "split2"])
+def test_decode_form_slots(bs, next_n, two_d, cfg, device):
+    """The decode form with ``block_table``: each selected position's global cache slot, exactly
+    :func:`convert_req_index_to_global_index` of the positions (unallocated blocks, blocks past the table and
+    slots past int32 give -1), on the fused and split paths; rows no longer than k (written whole), a strided
+    block table; the reference backend agrees."""
+    from dsa.metadata.reference import convert_req_index_to_global_index_ref
+
+    g = gen(40 + bs + next_n)
+    B, N, k = 3, 2100, 64
+    x = torch.randn(B * next_n, N, generator=g)
+    if two_d:
+        sl = torch.randint(0, N + 1, (B, next_n), generator=g, dtype=torch.int32)
+        sl[0] = N
+        sl[1, 0] = 40
+    else:
+        sl = torch.tensor([N, 50, 1500][:B], dtype=torch.int32)  # full, shorter than k, partial
+    bt = _slot_table(B, N, bs, g)
+    # make each rule fire: request 0's last row (range [0, N)) selects a position in its unallocated block 1 and
+    # the first position past its table; the last request's rows select position 0, whose slot overflows int32
+    full = next_n - 1
+    x[full, bs] = x[full, bt.shape[1] * bs] = 100.0
+    x[(B - 1) * next_n:, 0] = 100.0
+    wide = torch.full((B, 2 * bt.shape[1]), -7, dtype=torch.int32)
+    wide[:, ::2] = bt
+    bt_strided = wide.to(device)[:, ::2]  # block stride 2
+    req = torch.div(torch.arange(B * next_n), next_n, rounding_mode="floor").int()
+    want = convert_req_index_to_global_index_ref(req, bt, top_k_indices_decode_ref(x, k, sl, next_n), bs)
+    assert (want[full] == -1).sum() >= 2 and (want[full] >= 0).any()
+    assert (want[(B - 1) * next_n:, 0] == -1).all() == (bs > 1) and (want >= 0).any()
+    for table in (bt.to(device), bt_strided):
+        out = poison_(torch.empty((B * next_n, k), dtype=torch.int32, device=device))
+        got = top_k_indices(x.to(device), k, seq_lens=sl.to(device), next_n=next_n, block_table=table, block_size=bs,
+                            out=out, backend="triton", config=CONFIGS[cfg])
+        assert got is out and torch.equal(out.cpu(), want), (bs, next_n, cfg)
+    ref = top_k_indices(x.to(device), k, seq_lens=sl.to(device), next_n=next_n, block_table=bt.to(device),
+                        block_size=bs, backend="reference")
+    assert torch.equal(ref.cpu(), want)
+
+
 def test_k_edge_cases(device):
     g = gen(31)
     x = torch.randn(3, 700, generator=g)
@@ -353,6 +407,7 @@ def _bad_calls(device):
     s = torch.zeros(4, dtype=torch.int32, device=device)
     e = torch.full((4,), 64, dtype=torch.int32, device=device)
     sl = torch.full((2,), 64, dtype=torch.int32, device=device)
+    bt = torch.zeros(2, 4, dtype=torch.int32, device=device)
     return [
         ("logits", TypeError, lambda: top_k_indices(x.double(), 8, s, e)),
         ("logits", TypeError, lambda: top_k_indices(x.numpy() if device == "cpu" else x.cpu().numpy(), 8, s, e)),
@@ -376,10 +431,18 @@ def _bad_calls(device):
         ("out", ValueError, lambda: top_k_indices(x, 8, s, e, out=torch.empty(4, 9, dtype=torch.int32, device=device))),
         ("out", ValueError, lambda: top_k_indices(x, 8, s, e, out=torch.empty(8, 4, dtype=torch.int32, device=device).t())),
         ("backend", ValueError, lambda: top_k_indices(x, 8, s, e, backend="cuda")),
+        ("block_table", ValueError, lambda: top_k_indices(x, 8, s, e, block_table=bt, block_size=16)),
+        ("block_size", ValueError, lambda: top_k_indices(x, 8, seq_lens=sl, next_n=2, block_table=bt)),
+        ("block_table", ValueError, lambda: top_k_indices(x, 8, seq_lens=sl, next_n=2, block_size=16)),
+        ("block_table", TypeError, lambda: top_k_indices(x, 8, seq_lens=sl, next_n=2, block_table=bt.long(),
+                                                         block_size=16)),
+        ("block_table", ValueError, lambda: top_k_indices(x, 8, seq_lens=sl, next_n=2, block_table=bt[:1],
+                                                          block_size=16)),
+        ("block_size", ValueError, lambda: top_k_indices(x, 8, seq_lens=sl, next_n=2, block_table=bt, block_size=48)),
     ]
 
 
-@pytest.mark.parametrize("case", range(22))
+@pytest.mark.parametrize("case", range(28))
 def test_validation_errors(case, device):
     name, exc, call = _bad_calls(device)[case]
     with pytest.raises(exc, match=name):
@@ -450,6 +513,27 @@ def test_gpu_decode_64x131072(next_n):
     _check_against_torch_topk(x, k, s, e, out)
     assert torch.equal(out.cpu(), top_k_indices_decode_ref(x.cpu(), k, sl.cpu(), next_n))
     assert torch.equal(out, top_k_indices(x, k, seq_lens=sl, next_n=next_n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n,bs", [(1, 64), (2, 1)])
+def test_gpu_decode_slots_64x131072(next_n, bs):
+    """The decode form with ``block_table`` at decode shape (split path) and with rows short enough for the fused
+    path: equal to the positions converted by :func:`convert_req_index_to_global_index`."""
+    from dsa.metadata import convert_req_index_to_global_index
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    B, N, k = 64 // next_n, 131072, 2048
+    x = torch.randn(B * next_n, N, device="cuda", generator=g)
+    sl = torch.randint(N // 2, N + 1, (B,), device="cuda", generator=g, dtype=torch.int32)
+    sl[1] = 1000
+    bt = _slot_table(B, N, bs, torch.Generator().manual_seed(3), short=False).cuda()
+    req = torch.div(torch.arange(B * next_n, device="cuda"), next_n, rounding_mode="floor").int()
+    for cfg in (None, TopKConfig(splits=1)):
+        out = poison_(torch.empty(B * next_n, k, dtype=torch.int32, device="cuda"))
+        top_k_indices(x, k, seq_lens=sl, next_n=next_n, block_table=bt, block_size=bs, out=out, config=cfg)
+        pos = top_k_indices(x, k, seq_lens=sl, next_n=next_n, config=cfg)
+        assert torch.equal(out, convert_req_index_to_global_index(req, bt, pos, bs))
 
 
 @pytest.mark.gpu
