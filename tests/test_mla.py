@@ -731,7 +731,7 @@ ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16"
             sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
             flse_ptr="*fp32")
 fp8 = sys.argv[1] == "fp8"  # then: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-prod = kernel_sm90.PRODUCER_ROWS_FP8 if fp8 else dict(regs=96, early=2, warps=4)
+prod = kernel_sm90.producer_config(fp8, 16, False)  # what launch() uses for a 16-head group
 if fp8:
     ptrs.update(nope_ptr="*fp8e4nv", scale_ptr="*fp32")
 for cluster in map(int, sys.argv[2:]):
@@ -808,6 +808,19 @@ def test_gpu_sm90_variants_prefer_l1(H, kv_format, T, monkeypatch):
                                                           ctypes.c_void_p(k.function)) == 0
         assert v.value == 0, (k.name, v.value)
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm), max_abs_v(kv, idx, 4096))
+
+
+def test_sm90_producer_config():
+    """Which producer settings each schedule launches with, and benchmark overrides on top of them."""
+    from dsa.mla import kernel_sm90 as K
+
+    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0)
+    assert K.producer_config(True, 32, False)["warps"] == 8
+    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0)
+    assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0)
+    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0)
+    assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0)
+    assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0)
 
 
 def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):

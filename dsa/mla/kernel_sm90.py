@@ -8,8 +8,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * One program = one head group of one query token (and one split of its index list), walking the list
   in tiles of 64 gathered cache rows, one CTA per SM (160-225 KiB of shared memory).
 * Warp specialisation (:func:`_producer`): a producer warpgroup (two for 16/32-head groups over the fp8_ds_mla
-  cache) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer (full, empty). bf16 cache: the rows are
-  copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
+  cache) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer
+  (full, empty). bf16 cache: the rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
   into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
@@ -801,12 +801,26 @@ def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
 MAX_CLUSTER = 16
 
 
+def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
+    """The producer settings a launch uses: ``warps``, ``regs``, ``early`` (fp8 groups loaded before a buffer is
+    free) and ``math_regs`` (the ping-pong's worker math warpgroup): :data:`PRODUCER_PP` for the ping-pong
+    schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, else :data:`PRODUCER`; then
+    ``producer``'s entries over them (benchmarks)."""
+    if pingpong:
+        base = PRODUCER_PP
+    elif is_fp8 and block_h < BLOCK_H:
+        base = PRODUCER_ROWS_FP8
+    else:
+        base = PRODUCER[is_fp8]
+    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, **base, **(producer or {})}
+
+
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
            producer=None, pingpong=None, cluster=0, final=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
-    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` (``regs``,
-    ``early``, ``warps``: benchmarks); ``pingpong`` (64-head
+    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
+    :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``: benchmarks); ``pingpong`` (64-head
     groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
@@ -824,13 +838,12 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     else:
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
-    prod = dict(PRODUCER_PP if pp else PRODUCER_ROWS_FP8 if is_fp8 and block_h < BLOCK_H else PRODUCER[is_fp8],
-                **(producer or {}))
+    prod = producer_config(is_fp8, block_h, pp, producer)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
-        PINGPONG=pp, PRODUCER_WARPS=prod.get("warps", PRODUCER_WARPS), PRODUCER_REGS=prod["regs"], EARLY=prod.get("early", 0),
-        MATH_REGS=prod.get("math_regs", 0), CLUSTER=cluster, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")

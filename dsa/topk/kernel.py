@@ -44,7 +44,8 @@ holds fewer than k candidates the merge program streams its row alone, unbounded
 Global slots (decode form with a block table, ``SLOTS``): each position is mapped through its request's
 block-table row as it is written (:func:`_to_slot`, the rules of
 :func:`dsa.metadata.convert_req_index_to_global_index`), which saves that conversion's launch. Without it the
-kernels compile to the same code as before the option existed (sm_90 SASS compared).
+kernels compile to the same instructions as before the option existed (sm_90 SASS compared: only their order
+and register-reuse flags differ).
 
 Stores. The appends and the output writes go to data-dependent addresses. ``tl.store`` would move
 pointers, values and masks to another register layout through shared memory first (three layout
@@ -154,7 +155,8 @@ def _threshold(key, k):
 
 @triton.jit
 def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH: tl.constexpr,
-          E: tl.constexpr, ASM: tl.constexpr, bt_row, max_blocks, SLOTS: tl.constexpr, BS: tl.constexpr):
+          E: tl.constexpr, ASM: tl.constexpr, bt_row, stride_btb, max_blocks, SLOTS: tl.constexpr,
+          BS: tl.constexpr):
     """Write the selected entries among src[0:cnt), in order: keys > t, and keys == t while
     at most `need` were taken in all; as packed entries to dst (TO_BUFFER, may alias src) or
     as int32 positions (``SLOTS``: their global cache slots through ``bt_row``, :func:`_to_slot`).
@@ -179,7 +181,8 @@ def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH:
         if TO_BUFFER:
             _scatter(dst + slot, w, sel, ASM)
         elif SLOTS:
-            _scatter(dst + slot, _to_slot(tl.where(sel, w.to(tl.int32), -1), bt_row, max_blocks, BS), sel, ASM)
+            _scatter(dst + slot, _to_slot(tl.where(sel, w.to(tl.int32), -1), bt_row, stride_btb, max_blocks, BS), sel,
+                     ASM)
         else:
             _scatter(dst + slot, w.to(tl.int32), sel, ASM)
         base_gt += tot & 0xFFFF
@@ -190,7 +193,8 @@ def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH:
 
 @triton.jit
 def _compact(buf, n, k, dst, TILE: tl.constexpr, TO_BUFFER: tl.constexpr, CH: tl.constexpr,
-             E: tl.constexpr, ASM: tl.constexpr, bt_row, max_blocks, SLOTS: tl.constexpr, BS: tl.constexpr):
+             E: tl.constexpr, ASM: tl.constexpr, bt_row, stride_btb, max_blocks, SLOTS: tl.constexpr,
+             BS: tl.constexpr):
     """Cut the first n buffer entries (n >= k) to their canonical top-k, written in order to
     dst (the buffer itself when TO_BUFFER, else an int32 output row). Returns the k-th largest
     shifted key (key + 1)."""
@@ -199,7 +203,7 @@ def _compact(buf, n, k, dst, TILE: tl.constexpr, TO_BUFFER: tl.constexpr, CH: tl
     # the key tile is the only big live value; unmasked load (the region holds TILE entries)
     t, need = _threshold(_tile_keys(tl.load(buf + i), i < n), k)
     zero = n * 0
-    _emit(buf, n, t, need, zero, zero, dst, TO_BUFFER, CH, E, ASM, bt_row, max_blocks, SLOTS, BS)
+    _emit(buf, n, t, need, zero, zero, dst, TO_BUFFER, CH, E, ASM, bt_row, stride_btb, max_blocks, SLOTS, BS)
     return t
 
 
@@ -302,7 +306,7 @@ def _stream(x_row, a, b, s, f_thr, pass_all, buf, k, CAP: tl.constexpr, BLOCK: t
             n += tot
             off += BLOCK
         if n > CAP - BLOCK:  # cut the buffer to the top-k and raise the bound
-            t = _compact(buf, n, k, buf, CAP, True, CH, E, ASM, buf, 0, False, 1)
+            t = _compact(buf, n, k, buf, CAP, True, CH, E, ASM, buf, 0, 0, False, 1)
             n = n * 0 + k
             f_thr = _key_to_float(t)  # shifted k-th key = k-th key + 1: ties at it are out
             pass_all = pass_all * 0
@@ -348,23 +352,24 @@ def _row_range(row, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, MODE: 
 
 
 @triton.jit
-def _to_slot(pos, bt_row, max_blocks, BS: tl.constexpr):
+def _to_slot(pos, bt_row, stride_btb, max_blocks, BS: tl.constexpr):
     """Global cache slot of the request's position ``pos`` (>= 0 or -1): ``bt_row[pos // BS] * BS + pos % BS`` in
     64 bits; -1 where ``pos < 0``, the block is past ``max_blocks``, its entry is negative or the slot does not
     fit in int32 (:func:`dsa.metadata.convert_req_index_to_global_index`'s rules)."""
     blk = pos // BS
     ok = (pos >= 0) & (blk < max_blocks)
-    entry = tl.load(bt_row + blk, mask=ok, other=-1).to(tl.int64)
+    entry = tl.load(bt_row + blk.to(tl.int64) * stride_btb, mask=ok, other=-1).to(tl.int64)
     slot = entry * BS + pos % BS
     return tl.where(ok & (entry >= 0) & (slot <= 2147483647), slot, -1).to(tl.int32)
 
 
 @triton.jit
-def _write_iota(out_row, length, k, KP: tl.constexpr, bt_row, max_blocks, SLOTS: tl.constexpr, BS: tl.constexpr):
+def _write_iota(out_row, length, k, KP: tl.constexpr, bt_row, stride_btb, max_blocks, SLOTS: tl.constexpr,
+                BS: tl.constexpr):
     kk = tl.arange(0, KP)
     pos = tl.where(kk < length, kk, -1)
     if SLOTS:
-        pos = _to_slot(pos, bt_row, max_blocks, BS)
+        pos = _to_slot(pos, bt_row, stride_btb, max_blocks, BS)
     tl.store(out_row + kk, pos, mask=kk < k)
 
 
@@ -379,10 +384,10 @@ def _bt_row(bt_ptr, stride_bt, row, next_n, SLOTS: tl.constexpr):
 # ----------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["k", "M", "N", "stride_xm", "stride_bt", "max_blocks"])
+@triton.jit(do_not_specialize=["k", "M", "N", "stride_xm", "stride_bt", "stride_btb", "max_blocks"])
 def _topk_fused_kernel(
     x_ptr, stride_xm, M, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, k,
-    out_ptr, stride_om, buf_ptr, bt_ptr, stride_bt, max_blocks,
+    out_ptr, stride_om, buf_ptr, bt_ptr, stride_bt, stride_btb, max_blocks,
     MODE: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, GROUPS: tl.constexpr, KP: tl.constexpr,
     CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
     ASM: tl.constexpr, SLOTS: tl.constexpr, BS: tl.constexpr,
@@ -398,7 +403,7 @@ def _topk_fused_kernel(
         out_row = out_ptr + row.to(tl.int64) * stride_om
         bt_row = _bt_row(bt_ptr, stride_bt, row, next_n, SLOTS)
         if length <= k:
-            _write_iota(out_row, length, k, KP, bt_row, max_blocks, SLOTS, BS)
+            _write_iota(out_row, length, k, KP, bt_row, stride_btb, max_blocks, SLOTS, BS)
         else:
             thr = _sample_threshold(x_row + s, length, k, GROUPS)
             f_thr = _key_to_float(thr)
@@ -410,7 +415,7 @@ def _topk_fused_kernel(
                 tries = tl.where(n >= k, 2, tries + 1)
                 f_thr = tl.full([], float("-inf"), tl.float32)  # retry (rare): no bound
                 pass_all = tl.full([], 1, tl.int32)
-            _compact(buf, n, k, out_row, CAP, False, CH, E, ASM, bt_row, max_blocks, SLOTS, BS)
+            _compact(buf, n, k, out_row, CAP, False, CH, E, ASM, bt_row, stride_btb, max_blocks, SLOTS, BS)
         row += nprog
 
 
@@ -435,15 +440,15 @@ def _topk_split_kernel(
         thr = _sample_threshold(x_row + s, length, k, GROUPS)
         n = _stream(x_row, a, b, s, _key_to_float(thr), (thr == 0).to(tl.int32), buf, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH, ASM)
         if n > k:
-            _compact(buf, n, k, buf, CAP, True, CH, E, ASM, buf, 0, False, 1)
+            _compact(buf, n, k, buf, CAP, True, CH, E, ASM, buf, 0, 0, False, 1)
             n = n * 0 + k
         tl.store(cnt_ptr + row * SPLITS + sp, n)
 
 
-@triton.jit(do_not_specialize=["k", "N", "stride_xm", "stride_bt", "max_blocks"])
+@triton.jit(do_not_specialize=["k", "N", "stride_xm", "stride_bt", "stride_btb", "max_blocks"])
 def _topk_merge_kernel(
     x_ptr, stride_xm, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, k,
-    out_ptr, stride_om, buf_ptr, cnt_ptr, bt_ptr, stride_bt, max_blocks,
+    out_ptr, stride_om, buf_ptr, cnt_ptr, bt_ptr, stride_bt, stride_btb, max_blocks,
     MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, KP: tl.constexpr,
     CH: tl.constexpr, E: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
     ASM: tl.constexpr, SLOTS: tl.constexpr, BS: tl.constexpr,
@@ -454,7 +459,7 @@ def _topk_merge_kernel(
     out_row = out_ptr + row.to(tl.int64) * stride_om
     bt_row = _bt_row(bt_ptr, stride_bt, row, next_n, SLOTS)
     if length <= k:
-        _write_iota(out_row, length, k, KP, bt_row, max_blocks, SLOTS, BS)
+        _write_iota(out_row, length, k, KP, bt_row, stride_btb, max_blocks, SLOTS, BS)
     else:
         total = tl.sum(tl.load(cnt_ptr + row * SPLITS + tl.arange(0, SPLITS)), axis=0)
         region0 = buf_ptr + row.to(tl.int64) * SPLITS * CAP
@@ -470,12 +475,12 @@ def _topk_merge_kernel(
             for q in tl.static_range(SPLITS):
                 base_gt, base_eq = _emit(region0 + q * CAP, tl.load(cnt_ptr + row * SPLITS + q),
                                          thr, need, base_gt, base_eq, out_row, False, CH, E, ASM, bt_row,
-                                         max_blocks, SLOTS, BS)
+                                         stride_btb, max_blocks, SLOTS, BS)
         else:  # the sampled bound was too high (rare): this row alone, unbounded
             x_row = x_ptr + row.to(tl.int64) * ((stride_xm // ALIGN) * ALIGN)  # == stride_xm (host checks stride % ALIGN == 0); tells the compiler it is a multiple of ALIGN
             n = _stream(x_row, s, e, s, tl.full([], float("-inf"), tl.float32), tl.full([], 1, tl.int32),
                         region0, k, CAP, BLOCK, CH, E, ALIGN, PREFETCH, ASM)
-            _compact(region0, n, k, out_row, CAP, False, CH, E, ASM, bt_row, max_blocks, SLOTS, BS)
+            _compact(region0, n, k, out_row, CAP, False, CH, E, ASM, bt_row, stride_btb, max_blocks, SLOTS, BS)
 
 
 # ----------------------------------------------------------------------------------------
@@ -602,11 +607,7 @@ def top_k_indices_launch(
     common = (logits, logits.stride(0), N, starts, ends, seq, seq_stride, next_n, k)
     consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch, ASM=cfg.ptx and _ptx_ok(dev), num_stages=1, **extra)
     slots = block_table is not None
-    if slots:  # the block table's rows are read with unit stride along the blocks
-        bt = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-        table = (bt, bt.stride(0), bt.shape[1])
-    else:
-        table = (out, 0, 0)  # (unused)
+    table = (block_table, *block_table.stride(), block_table.shape[1]) if slots else (out, 0, 0, 0)  # (else unused)
     tconsts = dict(SLOTS=slots, BS=int(block_size) if slots else 1)
     if splits == 1:
         nprog = min(M, sms * cfg.programs_per_sm)
