@@ -312,7 +312,12 @@ def topk_check(x, k, out):
     assert torch.equal(got, want), "top-k: selected values differ from torch.topk"
 
 
-def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", baseline=True, log=print) -> dict:
+def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", baseline=True, log=print,
+                  slots_bs=0) -> dict:
+    """One top-k case; ``slots_bs`` > 0 (decode only): the form that writes global cache slots through a shuffled
+    block table of that block size, checked against top-k + :func:`dsa.metadata.convert_req_index_to_global_index`
+    (whose time is logged beside it); its PyTorch baseline is ``torch.topk`` and the block-table gather."""
+    from .metadata import convert_req_index_to_global_index
     from .topk import top_k_indices
 
     g = torch.Generator(device=dev).manual_seed(0)
@@ -321,6 +326,12 @@ def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", base
     ends = torch.full((M,), N, dtype=torch.int32, device=dev)
     seq = torch.full((M,), N, dtype=torch.int32, device=dev)
     out = torch.empty(M, k, dtype=torch.int32, device=dev)
+    bt = None
+    if slots_bs:
+        nb = N // slots_bs
+        bt = torch.randperm(M * nb, device=dev, generator=g).to(torch.int32).view(M, nb)
+        req = torch.arange(M, dtype=torch.int32, device=dev)
+        pos = torch.empty_like(out)
     it = [0]
 
     def nxt():
@@ -330,14 +341,29 @@ def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", base
     def call(cfg):
         x = nxt()
         if decode:
-            return top_k_indices(x, k, seq_lens=seq, out=out, config=cfg, backend="triton")
+            return top_k_indices(x, k, seq_lens=seq, out=out, config=cfg, backend="triton", block_table=bt,
+                                 block_size=slots_bs or None)
         return top_k_indices(x, k, starts, ends, out=out, config=cfg, backend="triton")
+
+    def two_launches():
+        top_k_indices(nxt(), k, seq_lens=seq, out=pos, backend="triton")
+        return convert_req_index_to_global_index(req, bt, pos, slots_bs, backend="triton")
 
     res = []
     pre, dec = topk_sweeps()
     for cfg in ((dec if decode else pre) if sweep else [None]):
         call(cfg)
-        topk_check(xs[it[0]], k, out)
+        if slots_bs:
+            x_used = it[0]
+            it[0] = (x_used - 1) % rotate  # the same input again
+            assert torch.equal(out, two_launches()), "top-k slots: differ from top-k + the index conversion"
+            it[0] = x_used
+            pos_ = (out // slots_bs).long()
+            inv = torch.empty(M * (N // slots_bs), dtype=torch.long, device=dev)
+            inv[bt.view(-1).long()] = torch.arange(N // slots_bs, device=dev).repeat(M)
+            topk_check(xs[it[0]], k, (inv[pos_] * slots_bs + out % slots_bs).to(torch.int32))
+        else:
+            topk_check(xs[it[0]], k, out)
         ms = bench_ms(lambda cfg=cfg: call(cfg), dev, rep=100 if sweep else 300)
         if decode and torch.device(dev).type == "cuda":  # decode runs in a CUDA graph: the GPU time
             from triton.testing import do_bench_cudagraph
@@ -345,21 +371,34 @@ def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", base
             ms_graph = do_bench_cudagraph(lambda cfg=cfg: call(cfg), rep=100, return_mode="median")
             log(f"# topk {name} {cfg or 'default'}: {ms * 1e3:.1f} us eager, {ms_graph * 1e3:.1f} us CUDA graph")
             ms = min(ms, ms_graph)
+            if slots_bs and cfg is None:
+                ms_two = do_bench_cudagraph(two_launches, rep=100, return_mode="median")
+                log(f"# topk {name}: top-k + index conversion (two launches) {ms_two * 1e3:.1f} us CUDA graph")
         res.append((ms, cfg))
         if sweep:
             log(f"  {name} cfg {cfg}: {ms * 1e3:.1f} us")
     ms, cfg = min(res, key=lambda r: r[0])
-    base = bench_ms(lambda: torch.topk(nxt(), k, dim=1), dev, rep=100 if sweep else 300) if baseline else float("nan")
+    if slots_bs:
+        def torch_slots():
+            p = torch.topk(nxt(), k, dim=1).indices
+            return torch.gather(bt, 1, p // slots_bs) * slots_bs + p % slots_bs
+
+        base_fn = torch_slots
+    else:
+        base_fn = lambda: torch.topk(nxt(), k, dim=1)  # noqa: E731
+    base = bench_ms(base_fn, dev, rep=100 if sweep else 300) if baseline else float("nan")
     gbs = M * N * 4 / (ms * 1e-3) / 1e9
     return row("topk", name, f"{M}x{N} k={k}", ms, gbs, "GB/s", 100 * gbs * 1e9 / H200_COPY_BYTES_PER_S, base, None,
                cfg)
 
 
 def topk_suite(size="full", sweep=False, dev="cuda", baseline=True, log=print) -> list:
-    cases = {"smoke": [("prefill", 8, 4096, 64, False, 1), ("decode", 4, 8192, 64, True, 2)],
-             "quick": [("prefill", 1024, 32768, 2048, False, 1), ("decode", 64, 32768, 2048, True, 4)],
-             "full": [("prefill", 4096, 131072, 2048, False, 1), ("decode", 64, 131072, 2048, True, 4)]}[size]
-    return [run_topk_case(n, M, N, k, d, sweep, r, dev, baseline, log) for n, M, N, k, d, r in cases]
+    cases = {"smoke": [("prefill", 8, 4096, 64, False, 1, 0), ("decode", 4, 8192, 64, True, 2, 0),
+                       ("decode_slots", 4, 8192, 64, True, 2, 16)],
+             "quick": [("prefill", 1024, 32768, 2048, False, 1, 0), ("decode", 64, 32768, 2048, True, 4, 0)],
+             "full": [("prefill", 4096, 131072, 2048, False, 1, 0), ("decode", 64, 131072, 2048, True, 4, 0),
+                      ("decode_slots", 64, 131072, 2048, True, 4, 64)]}[size]
+    return [run_topk_case(n, M, N, k, d, sweep, r, dev, baseline, log, bs) for n, M, N, k, d, r, bs in cases]
 
 
 # ================================================================================ sparse MLA

@@ -108,7 +108,7 @@ def test_bench_smoke_json(capsys):
     assert cli.main(["bench", "--smoke", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     kernels = [r["kernel"] for r in rep["rows"]]
-    assert kernels.count("indexer") == 5 and kernels.count("topk") == 2 and kernels.count("mla") == 2
+    assert kernels.count("indexer") == 5 and kernels.count("topk") == 3 and kernels.count("mla") == 2
     for r in rep["rows"]:
         assert r["ms"] > 0 and r["unit"] in ("TFLOP/s", "GB/s") and r["base_ms"] > 0 and r["pct_ceiling"] >= 0
     assert rep["device"] != "" and ("cpu" in rep["device"]) != ON_GPU
