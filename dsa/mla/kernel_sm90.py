@@ -50,9 +50,14 @@ ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower,
 producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
 row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
 gain), for those small-head fp8 calls also a producer with two tiles in flight (the next tile's rows in
-registers, or tiles loaded in pairs: 6-16% slower) and row loads that bypass L1 (``.cg``: 16-23% slower; the
-loads of one row share its 128-byte lines), and two earlier ping-pongs that released each buffer whole (64-row
+registers, or tiles loaded in pairs: 6-16% slower), row loads that bypass L1 (``.cg``: 16-23% slower; the
+loads of one row share its 128-byte lines) and a ring of 2-3 raw 32-row stages copied by ``cp.async`` beside the
+two bf16 buffers (7-26% slower), and two earlier ping-pongs that released each buffer whole (64-row
 tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
+
+What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 50.3 us; 39.3 with the producer
+converting made-up values and loading nothing, 29.1 with the math warps alone. The per-tile work of the math
+warpgroup and the producer's conversions and bf16 stores add up, and more rows in flight do not help.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
