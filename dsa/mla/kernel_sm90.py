@@ -52,7 +52,8 @@ row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages
 gain), for those small-head fp8 calls also a producer with two tiles in flight (the next tile's rows in
 registers, or tiles loaded in pairs: 6-16% slower), row loads that bypass L1 (``.cg``: 16-23% slower; the
 loads of one row share its 128-byte lines) and a ring of 2-3 raw 32-row stages copied by ``cp.async`` beside the
-two bf16 buffers (7-26% slower), and two earlier ping-pongs that released each buffer whole (64-row
+two bf16 buffers (7-26% slower); for small heads the next tile's QK issued behind this tile's P.V (2-15% slower),
+and two earlier ping-pongs that released each buffer whole (64-row
 tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 50.3 us; 39.3 with the producer
