@@ -590,11 +590,13 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
 @pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (40, 16, 2048, 2), (5, 32, 1000, 3), (2, 32, 2048, None),
                                              (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
 @pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2)),
-                                               ("fp8_ds_mla", dict(warps=4))])
+                                               ("fp8_ds_mla", dict(warps=4)), ("fp8_ds_mla", dict(alt=1)),
+                                               ("fp8_ds_mla", dict(alt=0))])
 def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypatch):
     """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
-    masked one; fp8 with its two producer warpgroups, also with two groups loaded early, and with one
-    warpgroup) against the reference and the small-head Triton
+    masked one; fp8 with its two producer warpgroups taking alternate tiles whenever there are any (``alt`` 1:
+    programs with 1, 2, 3, ... tiles, so one warpgroup may have none) or sharing every tile (``alt`` 0), also with
+    two groups loaded early, and with one warpgroup) against the reference and the small-head Triton
     programs: tails, invalid entries, empty rows, topk_length, sink, splits, NaN in unused slots, poisoned out;
     bitwise deterministic; the launch took it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
@@ -737,9 +739,10 @@ if fp8:
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster)
+                  CLUSTER=cluster, ALT=fp8)  # fp8: the producer warpgroups on alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
+    assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
     k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
@@ -768,9 +771,9 @@ def _compile_sm90(*args):
 
 
 def test_sm90_small_head_fp8_producer_fits():
-    """The small-head fp8 variant's two producer warpgroups (:data:`~dsa.mla.kernel_sm90.PRODUCER_ROWS_FP8`)
-    compile for sm_90 with the math warpgroup: 12 warps per CTA, and the registers the partitions ask for
-    (``setmaxnreg``) fit in the 64K register file (128 math threads + 256 producer threads)."""
+    """The small-head fp8 variant's two producer warpgroups (:data:`~dsa.mla.kernel_sm90.PRODUCER_ROWS_FP8`, on
+    alternate tiles) compile for sm_90 with the math warpgroup: 12 warps per CTA, and the registers the partitions
+    ask for (``setmaxnreg``) fit in the 64K register file (128 math threads + 256 producer threads)."""
     from dsa.mla import kernel_sm90
 
     assert kernel_sm90.PRODUCER_ROWS_FP8["warps"] == 8
@@ -816,11 +819,29 @@ def test_sm90_producer_config():
 
     assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0)
     assert K.producer_config(True, 32, False)["warps"] == 8
-    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0)
-    assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0)
-    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0)
-    assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0)
-    assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0)
+    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0)
+    assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0)
+    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0)
+    assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0,
+                                                                              alt=K.PRODUCER_ROWS_FP8["alt"])
+    assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0)
+
+
+def test_sm90_alternate_tiles():
+    """When the two producer warpgroups of a 16/32-head group take alternate tiles: from ``alt`` tiles per program
+    on (decode at batch 32 and more, prefill), never with one warpgroup, for 64-head groups or the bf16 cache."""
+    from dsa.mla import kernel_sm90 as K
+
+    fp8 = K.producer_config(True, 16, False)
+    n = fp8["alt"]
+    assert n > 2
+    assert K.alternate_tiles(fp8, 16, n * K.BLOCK_N) and K.alternate_tiles(fp8, 32, 2048)
+    assert not K.alternate_tiles(fp8, 16, (n - 1) * K.BLOCK_N)  # e.g. batch-1 decode: 2 tiles per split
+    assert not K.alternate_tiles(K.producer_config(True, 16, False, dict(warps=4)), 16, 2048)
+    assert not K.alternate_tiles(K.producer_config(True, 16, False, dict(alt=0)), 16, 2048)
+    assert K.alternate_tiles(K.producer_config(True, 16, False, dict(alt=1)), 16, 64)
+    assert not K.alternate_tiles(K.producer_config(True, 64, False), 64, 2048)
+    assert not K.alternate_tiles(K.producer_config(False, 16, False), 16, 2048)
 
 
 def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):

@@ -8,7 +8,7 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * One program = one head group of one query token (and one split of its index list), walking the list
   in tiles of 64 gathered cache rows, one CTA per SM (160-225 KiB of shared memory).
 * Warp specialisation (:func:`_producer`): a producer warpgroup (two for 16/32-head groups over the fp8_ds_mla
-  cache) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer
+  cache, sharing each tile, or with 8 or more tiles per program taking alternate tiles) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer
   (full, empty). bf16 cache: the rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
@@ -91,7 +91,12 @@ PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # key
 #: the producer of 16/32-head groups over the fp8_ds_mla cache: two warpgroups (``warps``) sharing each tile's rows.
 #: With one math warpgroup the register file has room for them. H200, CUDA graphs, s_q 1, 32K (BENCHMARKS.md):
 #: h_q 32 batch 64 65.2 -> 60.9 us, batch 128 110.1 -> 105.0, batch 1 10.2 -> 9.6; h_q 16 batch 64 56.6 -> 56.2
-PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8)
+PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
+#: ...and from ``alt`` tiles per program on (0: never) the two warpgroups fill alternate tiles, each loading a whole
+#: tile into its registers while the other dequantises its own (:func:`_producer`). H200, CUDA graphs, s_q 1, 32K,
+#: us, shared tiles -> alternate tiles: h_q 16 batch 32 / 64 / 128 (8 / 16 / 32 tiles per program) 30.7 / 50.1 /
+#: 88.9 -> 27.2 / 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles)
+#: 17.4 -> 17.9 and batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 #: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
 #: no spills at these, sm_90 compile)
@@ -249,12 +254,14 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
 @gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
               stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-              EARLY: gl.constexpr, CLUSTER: gl.constexpr):
+              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
     buffer, the rope part by ``cp.async``), make it visible to wgmma and signal ``full``. Invalid entries
-    are zero-filled and masked by the math warps: NaN in unused slots cannot leak."""
+    are zero-filled and masked by the math warps: NaN in unused slots cannot leak. ``PW`` warps fill each tile;
+    with ``STEP`` 2 this warpgroup fills only the tiles ``PAR, PAR + 2, ...`` (always buffer ``PAR``) and another
+    one the others, so one loads while the other dequantises."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -263,15 +270,15 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     # quarter-warp's bf16 stores cover two rows of the swizzled tile, with different swizzle phases (H200, CUDA graphs:
     # h_q 16 batch 64 52.5 -> 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps
     # 8 threads per row (4 was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
-    TPR: gl.constexpr = 4 if PW == 8 else 8
+    TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8
     cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [PW, 1], [1, 0])
     if IS_FP8:
         row_l: gl.constexpr = gl.SliceLayout(1, cp8_l)
         cols = gl.arange(0, 128, gl.SliceLayout(0, cp8_l))
     else:
         row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
-    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_l)
-    for i in range(n_tiles):
+    valid, rows = _tile_rows(idx_row, start + PAR * BN, stop, S, BN, row_l)
+    for i in range(PAR, n_tiles, STEP):
         s = i % 2
         if IS_FP8:  # EARLY (2 or 4) of the four raw groups loaded before the wait, the rest while storing
             base = nope_ptr + gl.multiple_of(rows * stride_nope, 16)[:, None] + cols[None, :]
@@ -308,7 +315,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         else:
             _issue_tile(k_nope_smem.index(s), k_rope_smem.index(s), nope_ptr, stride_nope, rope_ptr, stride_rope, valid,
                         rows, DV, DR, cp_l)
-        valid, rows = _tile_rows(idx_row, start + (i + 1) * BN, stop, S, BN, row_l)  # the next tile's indices
+        valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)  # the next tile's indices
         cp.wait_group(0)  # this thread's copies of the tile have landed
         fence_async_shared()
         gl.thread_barrier()  # every producer thread's part is in (the producer warps only)
@@ -706,7 +713,7 @@ def _sparse_mla_sm90_kernel(
     sm_scale_log2,
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr,
+    EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -780,6 +787,17 @@ def _sparse_mla_sm90_kernel(
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
+            gl.warp_specialize([
+                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
+                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
+                              SPLIT)),
+                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
+                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
+            ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
@@ -814,7 +832,8 @@ MAX_CLUSTER = 16
 
 def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
     """The producer settings a launch uses: ``warps``, ``regs``, ``early`` (fp8 groups loaded before a buffer is
-    free) and ``math_regs`` (the ping-pong's worker math warpgroup): :data:`PRODUCER_PP` for the ping-pong
+    free), ``math_regs`` (the ping-pong's worker math warpgroup) and ``alt`` (tiles per program from which two
+    producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP` for the ping-pong
     schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, else :data:`PRODUCER`; then
     ``producer``'s entries over them (benchmarks)."""
     if pingpong:
@@ -823,7 +842,14 @@ def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict |
         base = PRODUCER_ROWS_FP8
     else:
         base = PRODUCER[is_fp8]
-    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, **base, **(producer or {})}
+    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, **(producer or {})}
+
+
+def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
+    """Whether the two producer warpgroups of a 16/32-head group take alternate tiles (``prod`` from
+    :func:`producer_config`): with two warpgroups (``warps`` 8), ``alt`` > 0 and at least ``alt`` tiles per
+    program (``split_len`` rows)."""
+    return block_h < BLOCK_H and prod["warps"] == 8 and prod["alt"] > 0 and split_len >= prod["alt"] * BLOCK_N
 
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
@@ -831,8 +857,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
            producer=None, pingpong=None, cluster=0, final=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
-    :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``: benchmarks); ``pingpong`` (64-head
-    groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
+    :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
+    (64-head groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``."""
@@ -855,6 +881,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-        MATH_REGS=prod["math_regs"], CLUSTER=cluster, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len), num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
