@@ -56,9 +56,10 @@ two bf16 buffers (7-26% slower); for small heads the next tile's QK issued behin
 and two earlier ping-pongs that released each buffer whole (64-row
 tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
 
-What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 50.3 us; 39.3 with the producer
-converting made-up values and loading nothing, 29.1 with the math warps alone. The per-tile work of the math
-warpgroup and the producer's conversions and bf16 stores add up, and more rows in flight do not help.
+What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
+on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
+and loading nothing; 29.1 with the math warps alone. So the loads are now mostly hidden. What is left is the
+per-tile work of the math warpgroup, the producer's conversions and its bf16 stores.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
