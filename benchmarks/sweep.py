@@ -16,6 +16,8 @@ Groups (shapes x configs):
   mla_cluster   split-K decode merged inside the Hopper kernel (clusters) against the merge kernel, batch 1-64
   mla_fp8_producer  fp8_ds_mla decode, h_q 16/32, batch 1-128: the Hopper kernel's producer (8 warps) against
                 one warpgroup
+  mla_alt_tiles h_q 16/32 decode (both formats, batch 1-128) and bf16 prefill: the two producer warpgroups on
+                alternate tiles against sharing each tile
   mla_large_h   sparse MLA decode fp8 h_q 128 (batch 128 x s_q 2) and bf16 prefill h_q 128
   topk_decode   top-k k=2048 of 64 x 32768, 64 x 131072 and 8 x 65536 rows (decode form)
   topk_prefill  top-k k=2048 of 4096 x 131072 rows
@@ -203,6 +205,28 @@ def mla_fp8_producer():
     return out
 
 
+def mla_alt_tiles():
+    """Decode with 16/32-head groups (s_q 1, 32K context, batch 1-128) and bf16 prefill h_q 16/32: the two producer
+    warpgroups on alternate tiles (:func:`dsa.mla.kernel_sm90.alternate_tiles`) against sharing every tile: for the
+    fp8_ds_mla cache the default (alternate from ``PRODUCER_ROWS_FP8["alt"]`` tiles per program) against ``alt`` 0,
+    for bf16 the default (one warpgroup) against two on alternate tiles; two rounds (shapes ending in "/2")."""
+    out = []
+    for r in ("", "/2"):
+        for fmt in ("fp8_ds_mla", "bf16"):
+            alt = dict(alt=0) if fmt == "fp8_ds_mla" else dict(warps=8, alt=1)
+            for h in (16, 32):
+                for b in (1, 4, 8, 16, 32, 64, 128):
+                    base = dict(ROWS, block_h=16 if h == 16 or b <= 4 else 32)
+                    for c in ({}, dict(base, producer=alt)):
+                        out.append(dict(group="mla_alt_tiles", shape=f"mla_{fmt}_h{h}_b{b}{r}",
+                                        args=(b, 1, h, 32768, fmt), cfg=c, ns=None))
+        for h in (16, 32):
+            for c in ({}, dict(ROWS, block_h=h, producer=dict(warps=8, alt=1))):
+                out.append(dict(group="mla_alt_tiles", shape=f"mla_bf16_prefill_h{h}{r}", args=(1, 4096, h, 131072, "bf16"),
+                                cfg=c, ns=None))
+    return out
+
+
 def mla_prefill_small_h():
     """bf16 prefill, T 4096, topk 2048 of 128K, h_q 32 and 16: tile x warps x stages; and every
     prefill shape (h_q 128 too) with each token's index list sorted ascending (the order top-k emits)."""
@@ -240,7 +264,7 @@ def topk_prefill():
     return out
 
 
-GROUPS = dict(mla_fp8_producer=mla_fp8_producer, mla_cluster=mla_cluster, mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
+GROUPS = dict(mla_alt_tiles=mla_alt_tiles, mla_fp8_producer=mla_fp8_producer, mla_cluster=mla_cluster, mla_pingpong=mla_pingpong, mla_producer=mla_producer, mla_decode_defaults=mla_decode_defaults, mla_small_h_padded=mla_small_h_padded,
               mla_small_h_rows=mla_small_h_rows, mla_prefill_small_h=mla_prefill_small_h, mla_small_h=mla_small_h, mla_small_h_fp8=mla_small_h_fp8, mla_large_h=mla_large_h, topk_decode=topk_decode, topk_prefill=topk_prefill)
 
 

@@ -91,13 +91,13 @@ PRODUCER_WARPS = 4
 PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # keyed by "fp8_ds_mla"
 #: the producer of 16/32-head groups over the fp8_ds_mla cache: two warpgroups (``warps``) sharing each tile's rows.
 #: With one math warpgroup the register file has room for them. H200, CUDA graphs, s_q 1, 32K (BENCHMARKS.md):
-#: h_q 32 batch 64 65.2 -> 60.9 us, batch 128 110.1 -> 105.0, batch 1 10.2 -> 9.6; h_q 16 batch 64 56.6 -> 56.2
+#: h_q 32 batch 64 65.2 -> 60.9 us, batch 128 110.1 -> 105.0, batch 1 10.2 -> 9.6; h_q 16 batch 64 56.6 -> 56.2.
+#: From ``alt`` tiles per program on (0: never) the two warpgroups fill alternate tiles instead, each loading a whole
+#: tile into its registers while the other dequantises its own (:func:`_producer`, :func:`alternate_tiles`). Shared
+#: tiles -> alternate tiles: h_q 16 batch 32 / 64 / 128 (8 / 16 / 32 tiles per program) 30.7 / 50.1 / 88.9 -> 27.2 /
+#: 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles) 17.4 -> 17.9 and
+#: batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
-#: ...and from ``alt`` tiles per program on (0: never) the two warpgroups fill alternate tiles, each loading a whole
-#: tile into its registers while the other dequantises its own (:func:`_producer`). H200, CUDA graphs, s_q 1, 32K,
-#: us, shared tiles -> alternate tiles: h_q 16 batch 32 / 64 / 128 (8 / 16 / 32 tiles per program) 30.7 / 50.1 /
-#: 88.9 -> 27.2 / 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles)
-#: 17.4 -> 17.9 and batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 #: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
 #: no spills at these, sm_90 compile)
@@ -267,7 +267,8 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # 16-byte pieces
-    # fp8: 16 values per thread. With two producer warpgroups (16/32-head groups) 4 threads share a row, so a
+    # fp8: 16 values per thread. With two producer warpgroups (16/32-head groups; and in each warpgroup of the
+    # alternate-tile producer, measured that way) 4 threads share a row, so a
     # quarter-warp's bf16 stores cover two rows of the swizzled tile, with different swizzle phases (H200, CUDA graphs:
     # h_q 16 batch 64 52.5 -> 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps
     # 8 threads per row (4 was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
