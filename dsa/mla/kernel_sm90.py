@@ -8,8 +8,9 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * One program = one head group of one query token (and one split of its index list), walking the list
   in tiles of 64 gathered cache rows, one CTA per SM (160-225 KiB of shared memory).
 * Warp specialisation (:func:`_producer`): a producer warpgroup (two for 16/32-head groups over the fp8_ds_mla
-  cache, sharing each tile, or with 8 or more tiles per program taking alternate tiles) fills two bf16 tile buffers while the math warps use the other one, with two mbarriers per buffer
-  (full, empty). bf16 cache: the rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
+  cache, sharing each tile, or with 8 or more tiles per program taking alternate tiles) fills two bf16 tile
+  buffers while the math warps use the other one, with two mbarriers per buffer (full, empty). bf16 cache: the
+  rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
   into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
@@ -267,11 +268,11 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # 16-byte pieces
-    # fp8: 16 values per thread. With two producer warpgroups (16/32-head groups; and in each warpgroup of the
-    # alternate-tile producer, measured that way) 4 threads share a row, so a
-    # quarter-warp's bf16 stores cover two rows of the swizzled tile, with different swizzle phases (H200, CUDA graphs:
-    # h_q 16 batch 64 52.5 -> 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps
-    # 8 threads per row (4 was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
+    # fp8: 16 values per thread. With two producer warpgroups (16/32-head groups, sharing tiles or on alternate
+    # ones; the latter measured only this way) 4 threads share a row, so a quarter-warp's bf16 stores cover two rows
+    # of the swizzled tile, with different swizzle phases (H200, CUDA graphs, shared tiles: h_q 16 batch 64 52.5 ->
+    # 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps 8 threads per row (4
+    # was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
     TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8
     cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [PW, 1], [1, 0])
     if IS_FP8:
@@ -883,6 +884,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len), num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
+        num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
