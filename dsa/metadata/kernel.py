@@ -28,6 +28,22 @@ from ..backend import interpreter_on
 INT32_MAX = 2**31 - 1
 
 
+@triton.jit
+def global_slot(idx, bt_row, bt_stride1, max_blocks, ok, BLOCK_SIZE: tl.constexpr):
+    """Global cache slots of request-relative positions ``idx`` through the request's block-table row ``bt_row``:
+    ``bt_row[idx // BLOCK_SIZE] * BLOCK_SIZE + idx % BLOCK_SIZE``, computed in int64. Returns ``(slot int32,
+    valid)``; the slot is -1 where ``ok`` is false, ``idx < 0``, the block is past ``max_blocks``, its entry is
+    negative or the slot does not fit in int32 (no load there). Shared by the conversion kernel and the top-k
+    kernels' slot output, so both apply exactly these rules."""
+    # idx >= 0 wherever it is used, so // and % are plain shifts and masks here
+    blk = idx // BLOCK_SIZE
+    in_table = ok & (idx >= 0) & (blk < max_blocks)
+    entry = tl.load(bt_row + blk.to(tl.int64) * bt_stride1, mask=in_table, other=-1)
+    slot = entry.to(tl.int64) * BLOCK_SIZE + idx % BLOCK_SIZE
+    valid = in_table & (entry >= 0) & (slot <= 2147483647)
+    return tl.where(valid, slot, -1).to(tl.int32), valid
+
+
 @triton.jit(do_not_specialize=["max_blocks", "num_reqs", "out_numel", "bt_stride0"])
 def _convert_req_index_kernel(
     req_id_ptr,  # int32 [T]
@@ -71,18 +87,8 @@ def _convert_req_index_kernel(
     req = tl.load(req_id_ptr + t)
     req_ok = (req >= 0) & (req < num_reqs)
     idx = tl.load(ti_ptr + t * ti_stride0 + cols.to(tl.int64) * ti_stride1, mask=col_mask, other=-1)
-    # idx >= 0 wherever it is used, so // and % are plain shifts and masks here
-    blk = idx // BLOCK_SIZE
-    off = idx % BLOCK_SIZE
-    in_table = col_mask & req_ok & (idx >= 0) & (blk < max_blocks)
-    entry = tl.load(
-        bt_ptr + req.to(tl.int64) * bt_stride0 + blk.to(tl.int64) * bt_stride1,
-        mask=in_table,
-        other=-1,
-    )
-    slot = entry.to(tl.int64) * BLOCK_SIZE + off
-    valid = in_table & (entry >= 0) & (slot <= 2147483647)
-    res = tl.where(valid, slot, -1).to(tl.int32)
+    res, valid = global_slot(idx, bt_ptr + req.to(tl.int64) * bt_stride0, bt_stride1, max_blocks, col_mask & req_ok,
+                             BLOCK_SIZE)
     tl.store(out_ptr + dst, res, mask=store_mask)
     if COUNT:
         # relaxed: a plain integer count needs no ordering (the default acq_rel fences would make

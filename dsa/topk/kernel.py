@@ -42,8 +42,9 @@ union (``SPLITS * next_pow2(k)`` keys in registers) and writes the output; if th
 holds fewer than k candidates the merge program streams its row alone, unbounded.
 
 Global slots (decode form with a block table, ``SLOTS``): once a row's positions are written, the program maps
-them through its request's block-table row in one pass (:func:`_slots_pass`, :func:`_to_slot`: the rules of
-:func:`dsa.metadata.convert_req_index_to_global_index`), which saves that conversion's launch. Without it the
+them through its request's block-table row in one pass (:func:`_slots_pass`, with
+:func:`dsa.metadata.kernel.global_slot`, the code of :func:`dsa.metadata.convert_req_index_to_global_index`),
+which saves that conversion's launch. Without it the
 kernels compile as before the option existed.
 
 Stores. The appends and the output writes go to data-dependent addresses. ``tl.store`` would move
@@ -67,6 +68,7 @@ import triton
 import triton.language as tl
 
 from ..backend import interpreter_on
+from ..metadata.kernel import global_slot
 
 MAX_K = 8192  # largest supported k (register tiles of up to 16384 candidates)
 _MAX_MERGE_TILE = 16384  # SPLITS * next_pow2(k) candidates held by one merge program
@@ -157,8 +159,7 @@ def _emit(src, cnt, t, need, base_gt, base_eq, dst, TO_BUFFER: tl.constexpr, CH:
           E: tl.constexpr, ASM: tl.constexpr):
     """Write the selected entries among src[0:cnt), in order: keys > t, and keys == t while
     at most `need` were taken in all; as packed entries to dst (TO_BUFFER, may alias src) or
-    as int32 positions.
-    base_gt/base_eq count the entries > t / == t met before this range;
+    as int32 positions. base_gt/base_eq count the entries > t / == t met before this range;
     the updated counts are returned. Works in chunks of CH (the region must hold a multiple
     of CH entries >= cnt)."""
     ROWS: tl.constexpr = CH // E
@@ -346,27 +347,15 @@ def _row_range(row, N, starts_ptr, ends_ptr, seq_ptr, seq_stride, next_n, MODE: 
 
 
 @triton.jit
-def _to_slot(pos, bt_row, stride_btb, max_blocks, BS: tl.constexpr):
-    """Global cache slot of the request's position ``pos`` (>= 0 or -1): ``bt_row[pos // BS] * BS + pos % BS`` in
-    64 bits; -1 where ``pos < 0``, the block is past ``max_blocks``, its entry is negative or the slot does not
-    fit in int32 (:func:`dsa.metadata.convert_req_index_to_global_index`'s rules)."""
-    blk = pos // BS
-    ok = (pos >= 0) & (blk < max_blocks)
-    entry = tl.load(bt_row + blk.to(tl.int64) * stride_btb, mask=ok, other=-1).to(tl.int64)
-    slot = entry * BS + pos % BS
-    return tl.where(ok & (entry >= 0) & (slot <= 2147483647), slot, -1).to(tl.int32)
-
-
-@triton.jit
 def _slots_pass(out_row, k, KP: tl.constexpr, bt_row, stride_btb, max_blocks, BS: tl.constexpr):
-    """Map the row's k written positions to global cache slots in place (:func:`_to_slot`), all in one pass after
-    the output step: the block-table loads of every entry are issued together (mapped inside the output step's
-    chunks they were one more dependent memory round trip per chunk: 42.0 against 39.6 us for top-k + the
-    conversion kernel, H200, 64 x 131072)."""
+    """Map the row's k written positions to global cache slots in place
+    (:func:`~dsa.metadata.kernel.global_slot`), all in one pass after the output step: the block-table loads of
+    every entry are issued together (mapped inside the output step's chunks they were one more dependent memory
+    round trip per chunk: 42.0 against 39.6 us for top-k + the conversion kernel, H200, 64 x 131072)."""
     tl.debug_barrier()  # the output step's stores (any thread of the program) are visible
     kk = tl.arange(0, KP)
     pos = tl.load(out_row + kk, mask=kk < k, other=-1)
-    tl.store(out_row + kk, _to_slot(pos, bt_row, stride_btb, max_blocks, BS), mask=kk < k)
+    tl.store(out_row + kk, global_slot(pos, bt_row, stride_btb, max_blocks, pos >= 0, BS)[0], mask=kk < k)
 
 
 @triton.jit
@@ -375,7 +364,7 @@ def _write_iota(out_row, length, k, KP: tl.constexpr, bt_row, stride_btb, max_bl
     kk = tl.arange(0, KP)
     pos = tl.where(kk < length, kk, -1)
     if SLOTS:
-        pos = _to_slot(pos, bt_row, stride_btb, max_blocks, BS)
+        pos = global_slot(pos, bt_row, stride_btb, max_blocks, pos >= 0, BS)[0]
     tl.store(out_row + kk, pos, mask=kk < k)
 
 
