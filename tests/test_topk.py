@@ -519,8 +519,9 @@ def test_gpu_decode_64x131072(next_n):
 @pytest.mark.parametrize("next_n,bs", [(1, 64), (2, 1)])
 def test_gpu_decode_slots_64x131072(next_n, bs):
     """The decode form with ``block_table`` at decode shape (split path) and with rows short enough for the fused
-    path: equal to the positions converted by :func:`convert_req_index_to_global_index`."""
-    from dsa.metadata import convert_req_index_to_global_index
+    path: equal to the positions converted by the PyTorch reference of
+    :func:`convert_req_index_to_global_index` (the conversion kernel shares the slot code with top-k)."""
+    from dsa.metadata.reference import convert_req_index_to_global_index_ref
 
     g = torch.Generator(device="cuda").manual_seed(2)
     B, N, k = 64 // next_n, 131072, 2048
@@ -533,7 +534,7 @@ def test_gpu_decode_slots_64x131072(next_n, bs):
         out = poison_(torch.empty(B * next_n, k, dtype=torch.int32, device="cuda"))
         top_k_indices(x, k, seq_lens=sl, next_n=next_n, block_table=bt, block_size=bs, out=out, config=cfg)
         pos = top_k_indices(x, k, seq_lens=sl, next_n=next_n, config=cfg)
-        assert torch.equal(out, convert_req_index_to_global_index(req, bt, pos, bs))
+        assert torch.equal(out, convert_req_index_to_global_index_ref(req, bt, pos, bs))
 
 
 @pytest.mark.gpu
