@@ -206,12 +206,49 @@ def run_both(q, kv, idx, sm, sink, tl_, *, num_splits=None, poison=True):
 
 @pytest.mark.parametrize("T", [4, 20])
 def test_merge_forms(T):
-    """Both forms of the split merge: narrow programs (T * h_q <= 256) and 16-head, all-column ones."""
+    """The split merge after the split kernel, end to end (3 splits, empty rows, topk_length, sink)."""
     q, kv, idx, sm, sink, tl_ = make_case(T, 16, 200, 300, "fp8_ds_mla", seed=40 + T, empty_rows=(1,),
                                           with_len=True, with_sink=True)
     got, want, vmax = run_both(q, kv, idx, sm, sink, tl_, num_splits=3)
     assert_matches(got, want, vmax, f"T={T}")
     assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all()
+
+
+@pytest.mark.parametrize("T,h_q,ns,form", [(4, 16, 3, (2, True)), (3, 24, 16, (2, True)), (80, 16, 13, (4, False)),
+                                           (9, 128, 2, (4, True))])
+def test_combine_kernel(T, h_q, ns, form):
+    """The merge kernel on random partials against the merge written in PyTorch, in the launch shapes
+    :func:`dsa.mla.kernel.combine_config` picks: 2-head programs loading every split in one pass, 4-head programs
+    loading 8 splits per pass (16 splits padded), head masks (24 heads); splits with no valid entry, rows with
+    none, a sink; every output element written (poisoned before)."""
+    from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
+
+    g = torch.Generator(device="cpu").manual_seed(T * 100 + ns)
+    o_part = torch.randn(ns, T, h_q, D_V, generator=g).to(DEVICE)
+    lse_part = (torch.randn(ns, T, h_q, generator=g) * 4).to(DEVICE)
+    lse_part[torch.rand(ns, T, h_q, generator=g).to(DEVICE) < 0.3] = -math.inf
+    lse_part[:, 1, 2] = -math.inf  # a row with no valid entry
+    ml_part = torch.where(lse_part == -math.inf, -math.inf, lse_part - torch.rand(ns, T, h_q, generator=g).to(DEVICE))
+    sink = torch.randn(h_q, generator=g).to(DEVICE)
+    out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
+    ml, lse = poison_(torch.empty(T, h_q, device=DEVICE)), poison_(torch.empty(T, h_q, device=DEVICE))
+    cfg = combine_config(T, h_q, ns)
+    assert (cfg["BLOCK_H"], cfg["SB"] == cfg["NS_PAD"]) == form, cfg  # (heads per program, one pass)
+    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cfg["BLOCK_H"]), 1)](
+        o_part, lse_part, ml_part, sink, out, out.stride(0), out.stride(1), ml, lse, T, h_q, ns, D=D_V,
+        HAS_SINK=True, **cfg)
+    m = lse_part.max(0).values
+    empty = m == -math.inf
+    m_use = torch.where(empty, 0.0, m)
+    w = torch.exp2(lse_part - m_use)
+    sumw = w.sum(0)
+    denom = sumw + torch.where(empty, 0.0, torch.exp2(sink * math.log2(math.e) - m_use))
+    inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, denom))
+    want = ((w[..., None] * o_part).sum(0) * inv[..., None]).to(torch.bfloat16)
+    torch.testing.assert_close(out.float(), want.float(), rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(lse, torch.where(empty, math.inf, (m_use + torch.log2(torch.where(empty, 1.0, sumw))) * math.log(2)))
+    torch.testing.assert_close(ml, torch.where(empty, -math.inf, ml_part.max(0).values * math.log(2)))
+    assert (out[1, 2] == 0).all()
 
 
 @pytest.mark.parametrize("h_q", [8, 16, 24, 32, 64, 72, 128])
@@ -653,7 +690,8 @@ def test_gpu_sm90_cluster_merge(T, H, topk, splits, kv_format, pingpong, monkeyp
     runs = []
     for cluster in (True, True, False):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(base, cluster=cluster))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits,
+                                config=dict(base, cluster=cluster))
         assert got[0] is out
         runs.append(got)
     assert calls == [triton.next_power_of_2(splits)] * 2 + [0]

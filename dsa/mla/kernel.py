@@ -21,8 +21,8 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
   so the raw bytes and scales of the next tile are loaded by hand while the current one is used.
 * Work split: when ``T * ceil(h_q / BLOCK_H)`` programs cannot fill the GPU (decode), the index
   list is cut into ``num_splits`` chunks handled by separate programs which write partial
-  (normalised out, lse, max) in fp32; a small second kernel merges them by lse (for a few tokens in
-  narrow programs, 4 heads x 128 columns, so that many SMs read the partials at once; on Hopper, small
+  (normalised out, lse, max) in fp32; a small second kernel merges them by lse (programs of 2-4 heads,
+  :func:`combine_config`, so that many SMs read the partials at once; on Hopper, small
   head groups with few programs merge inside the split kernel instead, see :func:`cluster_size`). The
   caller's arguments are the same either way.
 
@@ -292,10 +292,22 @@ def _num_sms(device: torch.device) -> int:
 
 
 _MAX_SPLITS = 64
-_NARROW_MERGE_PAIRS = 256  # (token, head) pairs up to which the merge uses narrow programs
-#: narrow merges of up to this many splits load them all in one memory round trip (H200, batch-1 decode, CUDA
-#: graphs: 2.4-3.7 us less than loading 8 splits per trip after the lse, e.g. fp8 h_q 16 14.6 -> 12.0 us)
-_MERGE_ONE_PASS = 16
+
+
+def combine_config(T: int, h_q: int, num_splits: int, d_v: int = D_V) -> dict:
+    """Launch shape of the split merge (:func:`_sparse_mla_combine_kernel`): programs of ``BLOCK_H`` heads x all
+    ``DC`` = 512 columns, 2 heads (4 warps) up to 1024 (token, head) pairs, else 4 (2 warps); every split's partials
+    loaded together with the lse, in one memory round trip (``SB`` = ``NS_PAD``), while that stays within 16K
+    values per program, else ``SB`` splits per trip. Measured on the H200 (BENCHMARKS.md; the merge alone,
+    ``benchmarks/bench_mla_combine.py``, CUDA graphs, us, the former rule (4 heads x 128 columns up to 256 pairs,
+    else 16 heads and one split per trip) -> this one): T 32 x h_q 16, 4 splits 4.16 -> 2.60; T 32 x h_q 32 4.33 ->
+    2.99; T 16 x h_q 16, 8 splits 4.68 -> 2.77; T 2 x h_q 128, 16 splits 5.15 -> 3.22; T 64 x h_q 128, 2 splits
+    10.66 -> 7.26. Whole decode calls (s_q 1, 32K, CUDA graphs): bf16 h_q 16 batch 32 29.9 -> 28.0 us, fp8 h_q 16
+    batch 32 28.3 -> 25.3, batch 16 18.5 -> 15.6; fp8 h_q 128 batch 1 x s_q 2 18.9 -> 16.5. (``NS_PAD`` follows
+    the split count: padding it to share compiled variants across batch sizes cost 0.5-0.9 us at batch 1.)"""
+    ns_pad = triton.next_power_of_2(max(int(num_splits), 1))
+    cb = 2 if T * h_q <= 1024 else 4
+    return dict(BLOCK_H=cb, NS_PAD=ns_pad, SB=min(ns_pad, 16384 // (cb * d_v)), DC=d_v, num_warps=4 if cb == 2 else 2)
 
 
 def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n: int,
@@ -452,19 +464,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         fwd((T * n_hg, 1), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True, cluster)
         return out, max_logits, lse
     fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
-    # merge: with few (token, head) pairs (batch-1 decode) narrow programs (4 heads x 128 columns; up to 16
-    # splits: all partials loaded with the lse in one memory round trip, else 8 splits per trip) so that the
-    # partials are read by many SMs at once (H200, s_q 1, CUDA
-    # graphs: h_q 16 fp8 24.9 -> 20.4 us, bf16 18.1 -> 15.3); with more pairs, 16 heads x all columns and
-    # one split per load, as before (narrow programs were up to 24% slower there)
-    # (NS_PAD and SB follow the split count: padding them to 64 and 8 to share compiled variants across batch
-    # sizes cost 0.5-0.9 us at batch 1 on the H200, 3-6%)
-    narrow = T * h_q <= _NARROW_MERGE_PAIRS
-    ns_pad = triton.next_power_of_2(num_splits)
-    sb = (ns_pad if ns_pad <= _MERGE_ONE_PASS else min(8, ns_pad)) if narrow else 1
-    cb, dc = (4, 128) if narrow else (16, d_v)
-    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cb), triton.cdiv(d_v, dc))](
+    mc = combine_config(T, h_q, num_splits, d_v)
+    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(d_v, mc["DC"]))](
         o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
-        max_logits, lse, T, h_q, num_splits,
-        BLOCK_H=cb, NS_PAD=ns_pad, SB=sb, D=d_v, DC=dc, HAS_SINK=has_sink, num_warps=4)
+        max_logits, lse, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, **mc)
     return out, max_logits, lse
