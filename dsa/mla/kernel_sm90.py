@@ -54,9 +54,10 @@ gain), for those small-head fp8 calls also a producer with two tiles in flight (
 registers, or tiles loaded in pairs: 6-16% slower), row loads that bypass L1 (``.cg``: 16-23% slower; the
 loads of one row share its 128-byte lines) and a ring of 2-3 raw 32-row stages copied by ``cp.async`` beside the
 two bf16 buffers (7-26% slower); ``prefetch.global.L2`` of the rows two of a producer warpgroup's tiles ahead
-(11-45% slower, both formats, 16-128 heads); for 16-head groups two CTAs per SM, each with one tile buffer, one
-producer and one math warpgroup (13-37% slower); the split merge done by the split that finishes last (a counter
-per (token, head group), no second launch: 4-18 us slower, one CTA merges all 512 columns); for small heads the
+(2-45% slower, both formats, 16-128 heads); for 16-head groups two CTAs per SM, each with one tile buffer, one
+producer and one math warpgroup (7-37% slower); the split merge done by the split that finishes last (a counter
+per (token, head group), no second launch: 4-18 us slower for 16/32-head groups, 6-12x for 64-head ones: one CTA
+merges all 512 columns); for small heads the
 next tile's QK issued behind this tile's P.V (2-15% slower),
 and two earlier ping-pongs that released each buffer whole (64-row
 tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
