@@ -53,8 +53,9 @@ def main():
                 grid.append((timed(cfg), cfg))
         grid.sort(key=lambda r: r[0])
         us, best = grid[0]
-        print(f"{f'{T} x {h}, {ns}':>18} {mb:6.1f} | {chosen:9.2f} {mb * 1e3 / chosen:7.0f} {mb * 1e3 / chosen / 43:5.0f}% | "
-              f"{us:.2f} us {best}", flush=True)
+        gbs = mb * 1e3 / chosen
+        print(f"{f'{T} x {h}, {ns}':>18} {mb:6.1f} | {chosen:9.2f} {gbs:7.0f} {gbs / 43:5.0f}% | {us:.2f} us {best}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -57,10 +57,9 @@ two bf16 buffers (7-26% slower); ``prefetch.global.L2`` of the rows two of a pro
 (2-45% slower, both formats, 16-128 heads); for 16-head groups two CTAs per SM, each with one tile buffer, one
 producer and one math warpgroup (7-37% slower); the split merge done by the split that finishes last (a counter
 per (token, head group), no second launch: 4-18 us slower for 16/32-head groups, 6-12x for 64-head ones: one CTA
-merges all 512 columns); for small heads the
-next tile's QK issued behind this tile's P.V (2-15% slower),
-and two earlier ping-pongs that released each buffer whole (64-row
-tiles with two buffers or 32-row tiles with four: 6-23% slower: the copy latency was exposed at every tile).
+merges all 512 columns); for small heads the next tile's QK issued behind this tile's P.V (2-15% slower), and two
+earlier ping-pongs that released each buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23%
+slower: the copy latency was exposed at every tile).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
