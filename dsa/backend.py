@@ -66,6 +66,19 @@ def _capability_major(device_index: int) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+def num_sms(device: torch.device) -> int | None:
+    """The streaming-multiprocessor count of a CUDA ``device`` (cached: launch code asks on every call);
+    None for other devices (callers choose their CPU-interpreter grids)."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def resolve(backend: str | None, device: torch.device) -> str:
     """Return ``"triton"`` or ``"reference"`` for an op on ``device``."""
     choice = backend if backend is not None else os.environ.get(ENV_VAR, "auto")

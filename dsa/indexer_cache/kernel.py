@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_HEAD_DIM
 from ..fp8 import tl_quant_fp8_rows
 
@@ -111,7 +112,7 @@ def indexer_k_quant_and_cache_launch(k, cache_blocks, slot_mapping, ue8m0: bool)
     if n == 0 or nb == 0:
         return
     cfg = CONFIG["quant"]
-    _indexer_k_quant_kernel[(triton.cdiv(n, cfg["BLOCK_T"]),)](
+    _indexer_k_quant_kernel[(cdiv(n, cfg["BLOCK_T"]),)](
         k, slot_mapping, values, scales,
         n, nb * bs, bs,
         k.stride(0), values.stride(0), values.stride(1), scales.stride(0),
@@ -126,7 +127,7 @@ def indexer_k_quant_launch(k, out_k, out_s, ue8m0: bool) -> None:
     if n == 0:
         return
     cfg = CONFIG["quant"]
-    _indexer_k_quant_kernel[(triton.cdiv(n, cfg["BLOCK_T"]),)](
+    _indexer_k_quant_kernel[(cdiv(n, cfg["BLOCK_T"]),)](
         k, k, out_k, out_s,
         n, n, 1,
         k.stride(0), out_k.stride(0), 0, out_s.stride(0),
@@ -150,7 +151,7 @@ def gather_indexer_k_launch(cache_blocks, block_table, cu_seq_lens, out_k, out_s
     values, scales = _cache_views(cache_blocks)
     nb, bs = scales.shape
     cfg = CONFIG["gather"]
-    _gather_indexer_k_kernel[(triton.cdiv(n_out, cfg["BLOCK_N"]),)](
+    _gather_indexer_k_kernel[(cdiv(n_out, cfg["BLOCK_N"]),)](
         values, scales, block_table, cu_seq_lens, out_k, out_s,
         n_out, n_req, nb, bs, block_table.shape[1],
         values.stride(0), values.stride(1), scales.stride(0), block_table.stride(0), out_k.stride(0),

@@ -27,13 +27,12 @@ it is written, and rows never cross programs.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ..backend import interpreter_on
+from .._host import cdiv
+from ..backend import interpreter_on, num_sms
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_ROPE_DIM
 from ..fp8 import tl_quant_fp8_rows
 from .reference import HADAMARD_SCALE, HEAD_SCALE, SOFTMAX_SCALE
@@ -151,11 +150,6 @@ def _prep_k_kernel(
         item += nprog
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _num_programs(n_items: int, device: torch.device, per_sm: int) -> int:
     """Grid size: ``per_sm`` programs per SM looping over the items (0: one program per item);
     a handful under the interpreter."""
@@ -163,8 +157,7 @@ def _num_programs(n_items: int, device: torch.device, per_sm: int) -> int:
         return max(1, min(n_items, 4))
     if per_sm <= 0:
         return max(1, n_items)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(n_items, _num_sms(index) * per_sm))
+    return max(1, min(n_items, num_sms(device) * per_sm))
 
 
 def prepare_indexer_q_triton(q, cos, sin, weights, q_out, w_out, scale_out, *, interleaved, hadamard, scale_fmt,
@@ -213,7 +206,7 @@ def prepare_indexer_k_triton(k, cos, sin, k_out, *, interleaved, hadamard, block
         num_warps = 4 if hadamard else 2
     if per_sm is None:
         per_sm = 8 if hadamard else 0
-    n_items = triton.cdiv(T, BLOCK_T)
+    n_items = cdiv(T, BLOCK_T)
     grid = (_num_programs(n_items, k.device, per_sm),)
     _prep_k_kernel[grid](
         k, cos, sin, k_out,

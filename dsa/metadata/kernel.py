@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv, next_power_of_2
 from ..backend import interpreter_on
 
 INT32_MAX = 2**31 - 1
@@ -100,7 +101,7 @@ def _default_block_n(K: int) -> int:
     # Interpreter: few, wide programs (numpy cost is per op). GPU: 512 columns per program,
     # 4 warps -> 4 int32 per thread per load, K=2048 gives 4 programs per token.
     cap = 1024 if interpreter_on() else 512
-    return max(16, min(cap, triton.next_power_of_2(max(K, 1))))
+    return max(16, min(cap, next_power_of_2(max(K, 1))))
 
 
 def convert_req_index_to_global_index_triton(
@@ -122,7 +123,7 @@ def convert_req_index_to_global_index_triton(
         return
     BLOCK_N = block_n or _default_block_n(K)
     csr = indptr is not None
-    grid = (T, triton.cdiv(K, BLOCK_N))
+    grid = (T, cdiv(K, BLOCK_N))
     _convert_req_index_kernel[grid](
         req_id,
         block_table,
@@ -192,9 +193,9 @@ def generate_sparse_seqlen_triton(
     if T == 0:
         return
     R = seq_lens.shape[0]
-    BLOCK_T = block_t or (max(16, min(1024, triton.next_power_of_2(T))))
+    BLOCK_T = block_t or (max(16, min(1024, next_power_of_2(T))))
     log_steps = max(1, int(R).bit_length())  # 2**log_steps > R
-    grid = (triton.cdiv(T, BLOCK_T),)
+    grid = (cdiv(T, BLOCK_T),)
     _sparse_seqlen_kernel[grid](
         query_start_loc, seq_lens, out, T, R, topk, BLOCK_T=BLOCK_T, LOG_STEPS=log_steps, num_warps=4
     )

@@ -48,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv, next_power_of_2
+from .. import backend
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
 from .epilogue import merge_weights, row_stats
@@ -281,14 +283,12 @@ def _sparse_mla_combine_kernel(
 
 def block_h_for(h_q: int) -> int:
     """Heads per program: the M dim of the dots (at least 16, at most 64)."""
-    return min(64, triton.next_power_of_2(max(h_q, 16)))
+    return min(64, next_power_of_2(max(h_q, 16)))
 
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H200_NUM_SMS
+    return backend.num_sms(device) or H200_NUM_SMS  # the CPU interpreter: the H200's splits
 
 
 _MAX_SPLITS = 64
@@ -305,7 +305,7 @@ def combine_config(T: int, h_q: int, num_splits: int, d_v: int = D_V) -> dict:
     10.66 -> 7.26. Whole decode calls (s_q 1, 32K, CUDA graphs): bf16 h_q 16 batch 32 29.9 -> 28.0 us, fp8 h_q 16
     batch 32 28.3 -> 25.3, batch 16 18.5 -> 15.6; fp8 h_q 128 batch 1 x s_q 2 18.9 -> 16.5. (``NS_PAD`` follows
     the split count: padding it to share compiled variants across batch sizes cost 0.5-0.9 us at batch 1.)"""
-    ns_pad = triton.next_power_of_2(max(int(num_splits), 1))
+    ns_pad = next_power_of_2(max(int(num_splits), 1))
     cb = 2 if T * h_q <= 1024 else 4
     return dict(BLOCK_H=cb, NS_PAD=ns_pad, SB=min(ns_pad, 16384 // (cb * d_v)), DC=d_v, num_warps=4 if cb == 2 else 2)
 
@@ -322,7 +322,7 @@ def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n
         per_sm = 4 if block_n <= 16 else 2
     want = max(1, num_sms * per_sm // max(tiles, 1))
     want = 1 << (want.bit_length() - 1)
-    k_tiles = triton.cdiv(topk, block_n)
+    k_tiles = cdiv(topk, block_n)
     return max(1, min(want, k_tiles // 2, _MAX_SPLITS))
 
 
@@ -372,7 +372,7 @@ def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, for
     of 8 / 4, 128 CTAs: some no longer fit beside the others) 18.8 -> 29.0 / 33.3 -> 56.2, and 64-head groups
     (several merge rounds per CTA) at batch 1 16.1 -> 19.9 (bf16 h_q 128, s_q 2). ``force``: whenever the
     size allows (tests, benchmarks)."""
-    n = triton.next_power_of_2(max(int(num_splits), 1))
+    n = next_power_of_2(max(int(num_splits), 1))
     if kernel_sm90 is None or n < 2 or n > (kernel_sm90.MAX_CLUSTER if num_sms >= 132 else 8):
         return 0
     if force or (block_h < 64 and (n == 2 or programs * n <= num_sms // 2)):
@@ -419,12 +419,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
             cfg["block_h"] = 16
     cfg.update(config or {})
     bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
-    n_hg = triton.cdiv(h_q, bh)
+    n_hg = cdiv(h_q, bh)
     if num_splits is None:
         num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn, cfg.get("per_sm"))
-    num_splits = max(1, min(int(num_splits), triton.cdiv(max(topk, 1), bn)))
-    split_len = triton.cdiv(triton.cdiv(max(topk, 1), bn), num_splits) * bn
-    num_splits = triton.cdiv(max(topk, 1), split_len)
+    num_splits = max(1, min(int(num_splits), cdiv(max(topk, 1), bn)))
+    split_len = cdiv(cdiv(max(topk, 1), bn), num_splits) * bn
+    num_splits = cdiv(max(topk, 1), split_len)
     has_len = topk_length is not None
     has_sink = attn_sink is not None
     dummy = lse
@@ -465,7 +465,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         return out, max_logits, lse
     fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
     mc = combine_config(T, h_q, num_splits, d_v)
-    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(d_v, mc["DC"]))](
+    _sparse_mla_combine_kernel[(T, cdiv(h_q, mc["BLOCK_H"]), cdiv(d_v, mc["DC"]))](
         o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
         max_logits, lse, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, **mc)
     return out, max_logits, lse

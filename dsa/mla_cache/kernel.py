@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv
 from ..constants import (
     FP8_AMAX_EPS,
     FP8_DS_MLA_GROUP,
@@ -115,7 +116,7 @@ def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
     else:
         values, scales, rope = rows[:, :KV_LORA_RANK], rows, rows[:, KV_LORA_RANK:]
     cfg = CONFIG["write_fp8" if fp8 else "write_bf16"]
-    grid = (triton.cdiv(n, cfg["BLOCK_T"]),)
+    grid = (cdiv(n, cfg["BLOCK_T"]),)
     _mla_cache_write_kernel[grid](
         c_kv, k_pe, slot_mapping if slot_mapping is not None else c_kv,
         values, scales, rope,
@@ -135,7 +136,7 @@ def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor) -> None:
         return
     values, scales, rope = fp8_ds_mla_views(rows)
     cfg = CONFIG["read"]
-    grid = (triton.cdiv(n, cfg["BLOCK_R"]),)
+    grid = (cdiv(n, cfg["BLOCK_R"]),)
     _fp8_ds_mla_read_kernel[grid](
         values.view(torch.uint8), scales, rope, out,
         n, values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),

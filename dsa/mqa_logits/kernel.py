@@ -48,6 +48,7 @@ try:  # Gluon (Hopper) decode kernel: needs triton.experimental.gluon
 except ImportError:  # pragma: no cover - a Triton without Gluon
     kernel_sm90 = None
 
+from .._host import cdiv, next_power_of_2
 from ..backend import interpreter_on
 from ..constants import INDEXER_ROW_BYTES
 
@@ -162,7 +163,7 @@ def fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, cl
         return out
     cfg = _prefill_config(H, config)
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    grid = (triton.cdiv(M, cfg["BLOCK_Q"]), triton.cdiv(N, cfg["SPAN"]))
+    grid = (cdiv(M, cfg["BLOCK_Q"]), cdiv(N, cfg["SPAN"]))
     _mqa_logits_kernel[grid](
         q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, out,
         M, N,
@@ -399,7 +400,7 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     cfg = _paged_config(bs, next_n, config)
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     maxnreg = cfg.pop("MAXNREG", None)
-    acc_regs = cfg["BLOCK_N"] * triton.next_power_of_2(next_n) * H // (32 * num_warps)  # the dot's fp32 result
+    acc_regs = cfg["BLOCK_N"] * next_power_of_2(next_n) * H // (32 * num_warps)  # the dot's fp32 result
     if maxnreg is not None and acc_regs <= maxnreg // 2 and not interpreter_on():
         cfg["maxnreg"] = maxnreg  # a cap that would squeeze the accumulator (next_n 4) is not applied
     cfg["PREFETCH"] = int(cfg.get("PREFETCH", 0))
@@ -408,16 +409,16 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     if cfg["PREFETCH"] == 3 and bs % cfg["BLOCK_N"]:
         cfg["PREFETCH"] = 0  # the span's table up front needs tiles inside one block
     # table entries one span meets (PREFETCH 3): one more when spans do not start on block boundaries
-    cfg["NT"] = triton.next_power_of_2(triton.cdiv(cfg["SPAN"], bs) + (1 if cfg["SPAN"] % bs else 0))
+    cfg["NT"] = next_power_of_2(cdiv(cfg["SPAN"], bs) + (1 if cfg["SPAN"] % bs else 0))
     kv = cache_blocks.view(torch.float8_e4m3fn)
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
-    grid = (triton.cdiv(max_context_len, cfg["SPAN"]), B)
+    grid = (cdiv(max_context_len, cfg["SPAN"]), B)
     _paged_mqa_logits_kernel[grid](
         q, kv, kv_scale, weights, context_lens, block_table, out,
         num_blocks, block_table.shape[1], max_context_len,
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), block_table.stride(0),
         out.stride(0),
-        NEXT_N=next_n, NEXT_N_PAD=triton.next_power_of_2(next_n), CTX_2D=context_lens.dim() == 2,
+        NEXT_N=next_n, NEXT_N_PAD=next_power_of_2(next_n), CTX_2D=context_lens.dim() == 2,
         H=H, D=D, BS=bs, CLEAN=bool(clean_logits), num_warps=num_warps, num_stages=num_stages, **cfg,
     )
     return out

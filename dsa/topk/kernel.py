@@ -67,7 +67,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend import interpreter_on
+from .._host import cdiv, next_power_of_2
+from ..backend import interpreter_on, num_sms
 from ..metadata.kernel import global_slot
 
 MAX_K = 8192  # largest supported k (register tiles of up to 16384 candidates)
@@ -518,16 +519,10 @@ class TopKConfig:
 
 
 DEFAULT_CONFIG = TopKConfig()
-_SM_COUNT: dict = {}
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # CPU interpreter: small grids
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    return num_sms(device) or 4  # CPU interpreter: small grids
 
 
 def _ptx_ok(device: torch.device) -> bool:
@@ -543,7 +538,7 @@ def _alignment(logits: torch.Tensor) -> int:
     M, N = logits.shape
     if logits.data_ptr() % 16 or logits.stride(0) % 4:
         return 1
-    need = (logits.storage_offset() + (M - 1) * logits.stride(0) + triton.cdiv(N, 4) * 4) * logits.element_size()
+    need = (logits.storage_offset() + (M - 1) * logits.stride(0) + cdiv(N, 4) * 4) * logits.element_size()
     return 4 if need <= logits.untyped_storage().nbytes() else 1
 
 
@@ -553,7 +548,7 @@ def _auto_splits(M: int, N: int, kp: int, sms: int) -> int:
     each slice at least 8192 values."""
     if M >= sms:
         return 1
-    want = triton.next_power_of_2(triton.cdiv(sms, max(M, 1)))  # about one program per SM
+    want = next_power_of_2(cdiv(sms, max(M, 1)))  # about one program per SM
     cap_n = max(N // 8192, 1)
     cap_merge = max(_MAX_MERGE_TILE // kp, 1)
     s = min(want, cap_n, cap_merge, 4)
@@ -583,15 +578,15 @@ def top_k_indices_launch(
     if M == 0:
         return out
     dev = logits.device
-    kp = triton.next_power_of_2(k)
+    kp = next_power_of_2(k)
     sms = _num_sms(dev)
     splits = cfg.splits or _auto_splits(M, N, kp, sms)
     if splits & (splits - 1):
         raise ValueError(f"config.splits: expected a power of two, got {splits}")
     block = cfg.block if splits == 1 else cfg.split_block
-    cap = cfg.cap or triton.next_power_of_2(k + block)
+    cap = cfg.cap or next_power_of_2(k + block)
     if splits == 1 and not cfg.cap:  # room for ~k more candidates between cuts (up to 8192 entries)
-        cap = max(cap, min(triton.next_power_of_2(2 * k + block), 8192))
+        cap = max(cap, min(next_power_of_2(2 * k + block), 8192))
     if cap < k + block:
         raise ValueError(f"config.cap: expected >= k + block = {k + block}, got {cap}")
     ch = min(cfg.chunk, cap)
