@@ -50,3 +50,36 @@ def test_on_hopper_never_on_rocm_cpu_or_interpreter(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(B, "interpreter_on", lambda: True)
     assert not B.on_hopper(torch.device("cuda", 0))
+
+
+def test_host_integer_helpers_match_triton():
+    """The launch code's ``cdiv`` / ``next_power_of_2`` (plain Python, dsa._host) give Triton's results."""
+    import triton
+
+    from dsa._host import cdiv, next_power_of_2
+
+    for a in range(0, 300):
+        assert next_power_of_2(a) == triton.next_power_of_2(a)
+        for b in (1, 2, 3, 16, 64, 127):
+            assert cdiv(a, b) == triton.cdiv(a, b)
+    for a in (2 ** 31 - 1, 2 ** 31, 2 ** 40 + 3):
+        assert next_power_of_2(a) == triton.next_power_of_2(a) and cdiv(a, 64) == triton.cdiv(a, 64)
+
+
+def test_num_sms_cached_and_none_off_cuda(monkeypatch):
+    """``backend.num_sms``: None for a CPU device; for a CUDA device the count, asked of the driver once."""
+    import dsa.backend as B
+
+    assert B.num_sms(torch.device("cpu")) is None
+    calls = []
+
+    class Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: (calls.append(i), Props)[1])
+    B._sm_count.cache_clear()
+    try:
+        assert B.num_sms(torch.device("cuda", 3)) == 132 and B.num_sms(torch.device("cuda", 3)) == 132
+        assert calls == [3]
+    finally:
+        B._sm_count.cache_clear()
