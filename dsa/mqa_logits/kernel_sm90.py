@@ -46,6 +46,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..constants import INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
 
 BLOCK_N = 64  # keys per tile
+# shared-memory layouts of a tile's keys (128-byte rows, the product's A operand) and scales, and of the TMA copies
+_KEYS_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+_SCALES_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 
 def default_config(block_size: int, next_n: int) -> dict:
@@ -155,8 +158,8 @@ def _paged_logits_sm90_kernel(
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     ld_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4 * WGS, 1], [1, 0])
     fill_l: gl.constexpr = gl.BlockedLayout([4], [32], [4 * WGS], [0])
-    k_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    s_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    k_sh: gl.constexpr = _KEYS_SH
+    s_sh: gl.constexpr = _SCALES_SH
     zero = gl.zeros([BN, R], gl.float32, acc_l)
     # the layout of the per-(key, row) logits: the head sum of the product, reshaped [BN, NP, H] (no data
     # movement: each warpgroup's rows stay in its registers), reduced in registers and across 4 lanes
@@ -309,10 +312,8 @@ def launch(q, cache_blocks, weights, context_lens, block_table, max_context_len,
     k_desc = s_desc = None
     if bs % 32 == 0:
         kb = min(bs, BLOCK_N)
-        k_desc = TensorDescriptor(keys, [rows_total, 128], [128, 1], [kb, 128],
-                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-        s_desc = TensorDescriptor(scales, [floats_total], [1], [kb],
-                                  gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+        k_desc = TensorDescriptor(keys, [rows_total, 128], [128, 1], [kb, 128], _KEYS_SH.value)
+        s_desc = TensorDescriptor(scales, [floats_total], [1], [kb], _SCALES_SH.value)
     span = max(BLOCK_N, cfg["SPAN"] // BLOCK_N * BLOCK_N)
     np_ = 1 << (next_n - 1).bit_length()
     # warpgroups splitting the (row, head) columns: one while its accumulator fits (N <= 128), else two
