@@ -304,7 +304,9 @@ def combine_config(T: int, h_q: int, num_splits: int, d_v: int = D_V) -> dict:
     2.99; T 16 x h_q 16, 8 splits 4.68 -> 2.77; T 2 x h_q 128, 16 splits 5.15 -> 3.22; T 64 x h_q 128, 2 splits
     10.66 -> 7.26. Whole decode calls (s_q 1, 32K, CUDA graphs): bf16 h_q 16 batch 32 29.9 -> 28.0 us, fp8 h_q 16
     batch 32 28.3 -> 25.3, batch 16 18.5 -> 15.6; fp8 h_q 128 batch 1 x s_q 2 18.9 -> 16.5. (``NS_PAD`` follows
-    the split count: padding it to share compiled variants across batch sizes cost 0.5-0.9 us at batch 1.)"""
+    the split count: padding it to share compiled variants across batch sizes cost 0.5-0.9 us at batch 1. Launched
+    as a programmatic dependent of the split kernel, which let it go at its start: 0.6 us faster at h_q 128 batch 1,
+    up to 1.6 us slower at batch 32; not used.)"""
     ns_pad = next_power_of_2(max(int(num_splits), 1))
     cb = 2 if T * h_q <= 1024 else 4
     return dict(BLOCK_H=cb, NS_PAD=ns_pad, SB=min(ns_pad, 16384 // (cb * d_v)), DC=d_v, num_warps=4 if cb == 2 else 2)
