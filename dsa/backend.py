@@ -24,8 +24,10 @@ BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "DSA_BACKEND"
 
 
+@functools.lru_cache(maxsize=None)
 def interpreter_on() -> bool:
-    """True when Triton's CPU interpreter is active (``TRITON_INTERPRET=1``)."""
+    """True when Triton's CPU interpreter is active (``TRITON_INTERPRET=1``). Read once: Triton fixes the mode of
+    every kernel when it is defined, i.e. at ``import dsa`` (and every op asks, on every call)."""
     try:
         from triton import knobs
 
@@ -34,6 +36,7 @@ def interpreter_on() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
+@functools.lru_cache(maxsize=None)
 def triton_importable() -> bool:
     try:
         import triton  # noqa: F401
@@ -43,13 +46,18 @@ def triton_importable() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def triton_runs_on(device: torch.device) -> bool:
     """Whether a Triton kernel can run on tensors living on ``device``."""
     if not triton_importable():
         return False
     if interpreter_on():
         return True
-    return device.type == "cuda" and torch.cuda.is_available()  # ROCm shows up as "cuda" too
+    return device.type == "cuda" and _cuda_available()  # ROCm shows up as "cuda" too
 
 
 def on_hopper(device: torch.device) -> bool:
