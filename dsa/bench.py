@@ -542,7 +542,7 @@ def mla_suite(size="full", sweep=False, dev="cuda", baseline=True, shapes=None, 
                     log(f"# {name} {cfg} ns={ns}: WRONG, max diff to the default {diff}")
                     continue
             ms = bench_ms(fn, dev, rep=200)
-            # decode: also time a CUDA-graph replay (the GPU time alone). One eager call costs about 0.2 ms of
+            # decode: also time a CUDA-graph replay (the GPU time alone). One eager call costs 0.1-0.2 ms of
             # host time (Python, two launches), which hides the GPU time of a short call (fp8 h_q 16 at T 256:
             # 0.17-0.20 ms eager against 0.138 ms replayed, BENCHMARKS.md twelfth session)
             if cuda and not name.startswith("prefill"):
