@@ -59,12 +59,17 @@ producer and one math warpgroup (7-37% slower); the split merge done by the spli
 per (token, head group), no second launch: 4-18 us slower for 16/32-head groups, 6-12x for 64-head ones: one CTA
 merges all 512 columns); for small heads the next tile's QK issued behind this tile's P.V (2-15% slower), and two
 earlier ping-pongs that released each buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23%
-slower: the copy latency was exposed at every tile).
+slower: the copy latency was exposed at every tile). For small-head fp8 groups also: a second math warpgroup,
+either on alternate tiles with its own buffer (30% slower) or sharing each tile with the logits split over the values
+and exchanged (6-15% slower at 16 heads, 55% at 32); the index-list entries loaded a tile earlier, and the rope parts
+in a ring of 4 copied before the buffer is free (0-2% and 2-18% slower); a conversion without the scale (3-6%
+faster, wrong values: the bound for any cheaper dequantisation).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
-and loading nothing; 29.1 with the math warps alone. So the loads are now mostly hidden. What is left is the
-per-tile work of the math warpgroup, the producer's conversions and its bf16 stores.
+and loading nothing; 29.1 with the math warps alone. Nsight Compute finds no unit near its peak (DRAM 46%, L2 62%,
+L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs between the partitions.
+
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton

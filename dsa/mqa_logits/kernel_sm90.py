@@ -26,7 +26,9 @@ next_n 2 (BENCHMARKS.md, "Decode logits sweeps"). Here:
 Measured and not kept (BENCHMARKS.md): one product per query row with row j + 1's issued while row j
 is reduced, and the same with the next tile's first product issued before the last reduction; a persistent
 grid (one program per resident CTA, each an equal share of all requests' tiles and -inf chunks): no faster at
-next_n 2, 6% slower at next_n 1.
+next_n 2, 6% slower at next_n 1; per-stage buffers and mbarriers with the loop unrolled by the stages (2 CTA-wide
+barriers per tile instead of 4: 3-9% slower); a persistent warp-specialised kernel (a loader warp, two product
+warpgroups on alternate tiles, one CTA per SM: 15-33% slower).
 
 Served: block sizes that are multiples of 32 (a block must be a whole number of 128-byte rows), a
 cache whose rows are contiguous and start on a 16-byte boundary and that is under 8 GiB (TMA
