@@ -14,6 +14,12 @@ warpgroup's stalls from the math warps'.)
 SHAPE is a row of `dsa bench --kernels mla` (dsa.bench.MLA_SHAPES: random index lists, all valid);
 ``bf16`` runs it over the bf16 cache instead. (The 2026-12-01 profiles used T 2048 for prefill h128.)
 BENCHMARKS.md (2026-12-01, third session) has what these profiles showed on the H200.
+
+Where a kernel stands against the memory system (BENCHMARKS.md, thirteenth session, call 5): replace the sections
+with ``--metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,
+lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,l1tex__throughput.avg.pct_of_peak_sustained_active,
+l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active``
+(one comma-separated argument; that ncu has no ``sm__pipe_tensor_op_gmma_cycles_active``).
 """
 from __future__ import annotations
 
