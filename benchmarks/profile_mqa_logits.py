@@ -13,10 +13,12 @@ the Hopper Gluon kernel (``_paged_logits_sm90_kernel``) and the portable one (``
 BENCHMARKS.md (twelfth session) has what the profile showed on the H200.
 
 Where a kernel stands against the memory system (BENCHMARKS.md, thirteenth session, call 5): replace the sections
-with ``--metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,
-lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,l1tex__throughput.avg.pct_of_peak_sustained_active,
-l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active``
-(one comma-separated argument; that ncu has no ``sm__pipe_tensor_op_gmma_cycles_active``).
+with one ``--metrics`` argument listing, comma-separated: gpu__time_duration.sum,
+sm__cycles_elapsed.avg.per_second, dram__throughput.avg.pct_of_peak_sustained_elapsed,
+lts__throughput.avg.pct_of_peak_sustained_elapsed, lts__t_sector_hit_rate.pct,
+l1tex__throughput.avg.pct_of_peak_sustained_active,
+l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,
+smsp__issue_active.avg.pct_of_peak_sustained_active (that ncu has no sm__pipe_tensor_op_gmma_cycles_active).
 """
 from __future__ import annotations
 
