@@ -12,13 +12,8 @@ Inputs: ``dsa bench``'s decode rows (64 requests, contexts 32K-128K, shuffled bl
 the Hopper Gluon kernel (``_paged_logits_sm90_kernel``) and the portable one (``_paged_mqa_logits_kernel``).
 BENCHMARKS.md (twelfth session) has what the profile showed on the H200.
 
-Where a kernel stands against the memory system (BENCHMARKS.md, thirteenth session, call 5): replace the sections
-with one ``--metrics`` argument listing, comma-separated: gpu__time_duration.sum,
-sm__cycles_elapsed.avg.per_second, dram__throughput.avg.pct_of_peak_sustained_elapsed,
-lts__throughput.avg.pct_of_peak_sustained_elapsed, lts__t_sector_hit_rate.pct,
-l1tex__throughput.avg.pct_of_peak_sustained_active,
-l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,
-smsp__issue_active.avg.pct_of_peak_sustained_active (that ncu has no sm__pipe_tensor_op_gmma_cycles_active).
+The metrics of the memory-system table (BENCHMARKS.md, thirteenth session, call 5) are listed in
+``benchmarks/profile_mla.py``.
 """
 from __future__ import annotations
 
