@@ -42,8 +42,6 @@ of P cost more than the per-value multiply), so each value is dequantised once, 
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -286,9 +284,8 @@ def block_h_for(h_q: int) -> int:
     return min(64, next_power_of_2(max(h_q, 16)))
 
 
-@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
-    return backend.num_sms(device) or H200_NUM_SMS  # the CPU interpreter: the H200's splits
+    return backend.num_sms(device) or H200_NUM_SMS  # (cached there) the CPU interpreter: the H200's splits
 
 
 _MAX_SPLITS = 64
