@@ -63,12 +63,15 @@ slower: the copy latency was exposed at every tile). For small-head fp8 groups a
 either on alternate tiles with its own buffer (30% slower) or sharing each tile with the logits split over the values
 and exchanged (6-15% slower at 16 heads, 55% at 32); the index-list entries loaded a tile earlier, and the rope parts
 in a ring of 4 copied before the buffer is free (0-2% and 2-18% slower); a conversion without the scale (3-6%
-faster, wrong values: the bound for any cheaper dequantisation).
+faster, wrong values: the bound for any cheaper dequantisation); the math warpgroup's index-list entries loaded a
+tile ahead (-2% to +1%; +5% at 64 heads).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
 and loading nothing; 29.1 with the math warps alone. Nsight Compute finds no unit near its peak (DRAM 46%, L2 62%,
-L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs between the partitions.
+L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs between the partitions. A clock
+trace (branch ``mla-trace``) puts both sides at about 3,700 clocks per tile: the math warpgroup's tile, and a
+producer warpgroup's fill from a free buffer to ``full``; with two buffers neither can run ahead.
 
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
