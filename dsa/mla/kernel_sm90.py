@@ -65,7 +65,7 @@ and exchanged (6-15% slower at 16 heads, 55% at 32); the index-list entries load
 in a ring of 4 copied before the buffer is free (0-2% and 2-18% slower); a conversion without the scale (3-6%
 faster, wrong values: the bound for any cheaper dequantisation); the math warpgroup's index-list entries loaded a
 tile ahead (-2% to +1%; +5% at 64 heads); every producer's two of its tiles ahead, loaded after ``full`` (1-19%
-slower).
+slower); the tile buffers filled and released in halves, as the ping-pong's are (9-12% slower at 16 heads).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
