@@ -287,12 +287,12 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     # 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps 8 threads per row (4
     # was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
     TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8
-    # fp8 on every tile (STEP 1): the next tile's index-list entries are loaded only after ``full`` is signalled
-    # (the fence before it is a membar, which waits for this thread's outstanding loads; ptxas puts the load a few
-    # hundred instructions before it). Measured on the H200, CUDA graphs, s_q 1 unless noted: h_q 16 batch 1 / 4 / 8 / 16 9.4 / 9.7 / 11.0 / 15.6 ->
-    # 9.1 / 9.3 / 10.8 / 15.5 us, h_q 32 9.5 / 11.0 / 13.8 / 19.1 -> 9.2 / 10.8 / 13.6 / 18.7, h_q 128 batch 1 x s_q 2
-    # 16.4 -> 16.2, batch 128 x s_q 2 468 -> 467. Not on alternate tiles (the loop top waits for them at once: h_q
-    # 16 batch 64 42.0 -> 43.2) nor for bf16 (its copies: h_q 16 batch 64 44.9 -> 47.6).
+    # fp8 on every tile (STEP 1): the next tile's index-list entries are loaded only after ``full`` is signalled (the
+    # fence before it is a membar, which waits for this thread's outstanding loads; ptxas puts the load a few hundred
+    # instructions before it). Measured on the H200, CUDA graphs, s_q 1 unless noted: h_q 16 batch 1 / 4 / 8 / 16 9.4 /
+    # 9.7 / 11.0 / 15.6 -> 9.1 / 9.3 / 10.8 / 15.5 us, h_q 32 9.5 / 11.0 / 13.8 / 19.1 -> 9.2 / 10.8 / 13.6 / 18.7, h_q
+    # 128 batch 1 x s_q 2 16.4 -> 16.2, batch 128 x s_q 2 468 -> 467. Not on alternate tiles (the loop top waits for
+    # them at once: h_q 16 batch 64 42.0 -> 43.2) nor for bf16 (its copies: h_q 16 batch 64 44.9 -> 47.6).
     LATE: gl.constexpr = IS_FP8 and STEP == 1
     cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [PW, 1], [1, 0])
     if IS_FP8:
