@@ -8,7 +8,9 @@
 #      warm-up covered them), then again,
 #   3. the same workload on the PyTorch reference backend (shorter decode, no warm-up: nothing to
 #      compile; the report's per-step numbers are what compare),
-#   4. `dsa bench` at the goal shapes, with a plot (BENCH_ARGS picks a subset, e.g. "--kernels topk").
+#   4. `dsa bench` at the goal shapes, with a plot (BENCH_ARGS picks a subset, e.g. "--kernels topk"),
+#   5. the SM clock and board power while the machine-dependent goal kernels run back to back
+#      (benchmarks/power_probe.py: every kernel here runs at the 700 W cap, so the clock varies by machine).
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
@@ -28,8 +30,10 @@ timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo 
 timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 --warmup off > "$OUT/run_reference.txt" 2>&1
 echo "run rc=$?" >> "$OUT/run_reference.txt"
 timeout 240 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
+timeout 90 python3 benchmarks/power_probe.py 2 > "$OUT/power.txt" 2>&1; echo "power rc=$?" >> "$OUT/power.txt"
 echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
 echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
 echo "== dsa run";   cat "$OUT/run_triton.txt"
 echo "== reference"; tail -25 "$OUT/run_reference.txt"
 echo "== bench";     tail -50 "$OUT/bench.txt"
+echo "== power";     tail -7 "$OUT/power.txt"
