@@ -25,6 +25,9 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
   :func:`combine_config`, so that many SMs read the partials at once; on Hopper, small
   head groups with few programs merge inside the split kernel instead, see :func:`cluster_size`). The
   caller's arguments are the same either way.
+* Locality: calls of many tokens over a large cache first group each token's index list by slot range
+  (:mod:`dsa.mla.order`, one small launch; :func:`order_pays` decides), so the programs that run side by side
+  gather from the same part of the cache and find each other's rows in L2.
 
 Known limit (from the compiled code, sm_90): for the chained QK -> PV dots Triton lays the
 ``[BLOCK_H=64, BLOCK_N]`` logits over 8 warps as ``warpsPerCTA=[8, 1]``, so both warpgroups compute
@@ -51,6 +54,7 @@ from .. import backend
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
 from .epilogue import merge_weights, row_stats
+from .order import DEFAULT_BUCKETS, MAX_ORDER_TOPK, order_indices
 
 try:  # the Hopper kernel is written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
     from . import kernel_sm90
@@ -379,8 +383,25 @@ def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, for
     return 0
 
 
+#: the index lists are grouped by slot range first (:mod:`dsa.mla.order`) for calls of at least this many tokens
+#: in one split over a cache of at least this many bytes (see :func:`order_pays`).
+ORDER_MIN_T = 512
+ORDER_MIN_CACHE_BYTES = 128 << 20
+
+
+def order_pays(T: int, num_splits: int, topk: int, S: int, row_bytes: int) -> bool:
+    """Whether :func:`sparse_mla_triton` groups the index lists first: one split, at least ``ORDER_MIN_T`` tokens
+    (decode batches, whose requests read disjoint parts of the cache, gained nothing: 0.9-3.6% slower at T 256), a
+    cache of ``ORDER_MIN_CACHE_BYTES`` or more (smaller ones lost: bf16 32K rows 5% slower at h_q 16, fp8 128K rows
+    3.5%), more than one tile of entries and at most :data:`~dsa.mla.order.MAX_ORDER_TOPK`. Measured on the H200,
+    BENCHMARKS.md fifteenth session (bf16 prefill, T 4096, topk 2048 of 128K, 4 ranges, the grouping included:
+    h_q 16 -12.7%, 32 -7.9%, 64 -6.2%, 128 -0.8%; T 512 h_q 16 -10.1%)."""
+    return (num_splits == 1 and T >= ORDER_MIN_T and 64 < topk <= MAX_ORDER_TOPK
+            and S * row_bytes >= ORDER_MIN_CACHE_BYTES)
+
+
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
-                      num_splits: int | None = None, config: dict | None = None):
+                      num_splits: int | None = None, config: dict | None = None, order: bool | int | None = None):
     """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
 
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
@@ -392,7 +413,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
     ``rows=True`` with a
     16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
-    head groups on sm_90 take that kernel where it is supported.
+    head groups on sm_90 take that kernel where it is supported. ``order`` forces the index lists grouped by
+    slot range first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
+    many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -424,6 +447,10 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     num_splits = max(1, min(int(num_splits), cdiv(max(topk, 1), bn)))
     split_len = cdiv(cdiv(max(topk, 1), bn), num_splits) * bn
     num_splits = cdiv(max(topk, 1), split_len)
+    if order is None:
+        order = order_pays(T, num_splits, topk, S, kv.shape[1] * kv.element_size())
+    if order:
+        indices = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order is True else int(order))
     has_len = topk_length is not None
     has_sink = attn_sink is not None
     dummy = lse

@@ -1,0 +1,114 @@
+"""Index lists grouped by cache slot before a many-token sparse-MLA call (an L2-locality pre-pass).
+
+The attention of a token is a sum over the *set* of its valid entries, so their order is free. Grouping each
+row's entries by slot range makes the programs that run side by side (one token each, started together) walk
+the cache from low slots to high ones in step: a row gathered by one program is still in L2 when its
+neighbours want it. Measured on the H200 in BENCHMARKS.md (fifteenth session).
+
+Row ``t`` of the result is a stable partition of ``indices[t]``: its valid entries (``0 <= idx < S`` and,
+with ``topk_length``, position ``< topk_length[t]``) grouped by slot range, lower ranges first: the range of
+``idx`` is ``(idx - min) >> shift`` with ``min`` / ``max`` the row's smallest / largest valid slot and ``shift``
+the smallest that maps ``max - min`` below ``buckets`` (a power of two), so a row spans ``buckets / 2`` to
+``buckets`` ranges of ``2**shift`` slots; the
+original order kept inside a bucket, duplicates kept; then :data:`INVALID` (``2**31 - 1``, which is ``>= S``
+and therefore an invalid slot to the attention kernels) in every other position. The valid entries stay within
+the first ``topk_length[t]`` positions, so the same ``topk_length`` still applies.
+
+The kernel ranks each entry inside its bucket with packed counters: ``63 // BITS`` buckets share one int64
+whose ``BITS``-wide fields count them, so one prefix sum per word ranks every entry of those buckets, and the
+word's total, shifted onto itself, gives each bucket's start.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._host import next_power_of_2
+
+INVALID = 2**31 - 1
+_INVALID = tl.constexpr(INVALID)
+#: longest row one program partitions
+MAX_ORDER_TOPK = 8192
+#: slot ranges per row, at most (measured on the H200, BENCHMARKS.md fifteenth session)
+DEFAULT_BUCKETS = 4
+
+
+@triton.jit(do_not_specialize=["S", "topk"])
+def _order_rows_kernel(idx_ptr, stride_idx, len_ptr, out_ptr, S, topk, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr,
+                       LOG2_NB: tl.constexpr, BITS: tl.constexpr):
+    NB: tl.constexpr = 1 << LOG2_NB
+    PER: tl.constexpr = 63 // BITS  # buckets per int64 word
+    WORDS: tl.constexpr = (NB + PER) // PER  # NB valid buckets + the invalid one
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    inb = offs < topk
+    x = tl.load(idx_ptr + t * stride_idx + offs, mask=inb, other=-1)
+    ok = inb & (x >= 0) & (x < S)
+    if HAS_LEN:
+        ok = ok & (offs < tl.load(len_ptr + t))
+    lo = tl.min(tl.where(ok, x, _INVALID), axis=0)
+    hi = tl.max(tl.where(ok, x, -1), axis=0)
+    top = tl.maximum(hi - lo, 0)  # 0 <= idx - min <= top for every valid idx
+    shift = 0
+    for s in tl.static_range(31 - LOG2_NB):
+        shift += ((top >> (s + LOG2_NB)) > 0).to(tl.int32)
+    b = tl.where(ok, (x - lo) >> shift, NB)  # out-of-block lanes: NB too
+    mask_f = (1 << BITS) - 1
+    pos = tl.zeros([BLOCK], dtype=tl.int32)
+    base = 0
+    for w in tl.static_range(WORDS):
+        f = b - w * PER  # field of this word, when 0 <= f < PER
+        inw = inb & (f >= 0) & (f < PER)
+        sh = tl.where(inw, f * BITS, 0).to(tl.int64)
+        one = tl.where(inw, tl.full([BLOCK], 1, tl.int64) << sh, 0)
+        incl = tl.cumsum(one, axis=0)
+        total = tl.sum(one, axis=0)
+        starts = total * 0  # field j: entries of this word's buckets below j
+        for m in tl.static_range(1, PER):
+            starts += total << (m * BITS)
+        rank = (incl >> sh) & mask_f  # 1-based rank inside the bucket
+        start = (starts >> sh) & mask_f
+        pos = tl.where(inw, base + start + rank - 1, pos)
+        base += tl.sum(inw.to(tl.int32), axis=0)
+    tl.store(out_ptr + t * topk + pos, tl.where(ok, x, _INVALID), mask=inb)
+
+
+def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | None = None,
+                  buckets: int = DEFAULT_BUCKETS) -> torch.Tensor:
+    """``[T, topk]`` int32 index lists (any row stride, last dim contiguous) -> a new contiguous ``[T, topk]``
+    int32 tensor: each row's valid slots grouped by range (module docstring), then :data:`INVALID`.
+    ``topk <= MAX_ORDER_TOPK``, ``buckets`` a power of two from 1 to 32. One launch, no host synchronisation."""
+    T, topk = indices.shape
+    if topk > MAX_ORDER_TOPK:
+        raise ValueError(f"order_indices: topk {topk} > {MAX_ORDER_TOPK}")
+    if buckets not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"order_indices: buckets {buckets} is not a power of two from 1 to 32")
+    out = torch.empty(T, topk, dtype=torch.int32, device=indices.device)
+    if T == 0:
+        return out
+    block = next_power_of_2(topk)
+    has_len = topk_length is not None
+    _order_rows_kernel[(T,)](indices, indices.stride(0), topk_length if has_len else indices, out, S, topk,
+                             HAS_LEN=has_len, BLOCK=block, LOG2_NB=buckets.bit_length() - 1,
+                             BITS=block.bit_length(), num_warps=4 if block <= 2048 else 8)
+    return out
+
+
+def order_indices_ref(indices: torch.Tensor, S: int, topk_length: torch.Tensor | None = None,
+                      buckets: int = DEFAULT_BUCKETS) -> torch.Tensor:
+    """Plain PyTorch form of :func:`order_indices` (the test oracle)."""
+    T, topk = indices.shape
+    x = indices.long()
+    ok = (x >= 0) & (x < S)
+    if topk_length is not None:
+        ok &= torch.arange(topk, device=indices.device)[None, :] < topk_length[:, None].long()
+    lo = torch.where(ok, x, INVALID).min(dim=1, keepdim=True).values
+    hi = torch.where(ok, x, -1).max(dim=1, keepdim=True).values
+    top = (hi - lo).clamp(min=0)
+    log2_nb = buckets.bit_length() - 1
+    shift = sum(((top >> (s + log2_nb)) > 0).long() for s in range(31 - log2_nb))
+    b = torch.where(ok, (x - lo) >> shift, buckets)
+    perm = torch.sort(b, dim=1, stable=True).indices
+    return torch.where(ok, x, INVALID).gather(1, perm).to(torch.int32).contiguous()
+

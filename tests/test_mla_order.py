@@ -1,0 +1,113 @@
+"""The slot-range grouping of index lists before many-token sparse MLA (dsa.mla.order): the kernel against its
+PyTorch reference (exact), the reference against the definition (an independent check), and sparse MLA with the
+grouping forced on against the sparse-MLA reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsa.mla.reference as ref_mod
+from dsa.constants import D_V
+from dsa.mla.kernel import order_pays, sparse_mla_triton
+from dsa.mla.order import INVALID, MAX_ORDER_TOPK, order_indices, order_indices_ref
+from dsa.mla import sparse_mla_ref
+from test_mla import assert_matches, make_case, make_indices, max_abs_v
+from utils import DEVICE, gen, poison_
+
+
+def _lists(T, topk, S, seed, with_len):
+    g = gen(seed)
+    idx = make_indices(T, topk, S, g, frac_invalid=0.2, empty_rows=(1,) if T > 1 else ())
+    ln = torch.randint(-1, topk + 3, (T,), generator=g, dtype=torch.int32) if with_len else None
+    if ln is not None:
+        ln[0] = topk + 5  # past the end: every position counts
+    return idx.to(DEVICE), None if ln is None else ln.to(DEVICE)
+
+
+@pytest.mark.parametrize("T,topk,S", [(5, 300, 1000), (3, 64, 50), (2, 2048, 1 << 17), (4, 1, 10), (3, 77, INVALID),
+                                      (2, 5000, 100000)])
+@pytest.mark.parametrize("with_len", [False, True])
+@pytest.mark.parametrize("buckets", [1, 4, 32])
+def test_order_kernel_matches_reference(T, topk, S, with_len, buckets):
+    """Bit for bit: -1 / >= S / INT32_MAX entries, duplicates, an empty row, topk_length past the end, below 0
+    and 0, row lengths not powers of two; the output poisoned first; the input untouched."""
+    idx, ln = _lists(T, topk, S, seed=topk + buckets, with_len=with_len)
+    before = idx.clone()
+    got = order_indices(idx, S, ln, buckets)
+    assert got.dtype == torch.int32 and got.shape == (T, topk) and got.is_contiguous()
+    assert torch.equal(got, order_indices_ref(idx, S, ln, buckets))
+    assert torch.equal(idx, before)
+
+
+def test_order_kernel_strided_rows():
+    idx, ln = _lists(3, 200, 5000, seed=3, with_len=True)
+    wide = torch.full((3, 256), -1, dtype=torch.int32, device=DEVICE)
+    wide[:, :200] = idx
+    assert torch.equal(order_indices(wide[:, :200], 5000, ln), order_indices_ref(idx, 5000, ln))
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 4, 8])
+def test_order_reference_is_a_grouping(buckets):
+    """What the grouping promises, checked from its definition on the reference: each row's valid entries (as a
+    multiset) first, their slot ranges non-decreasing and each range's entries in their original order, at most
+    ``buckets`` ranges and at least half that (a row spanning more than ``buckets`` slots), then INVALID."""
+    T, topk, S = 6, 400, 70000
+    idx, ln = _lists(T, topk, S, seed=buckets, with_len=True)
+    got = order_indices_ref(idx, S, ln, buckets).cpu()
+    idx, ln = idx.cpu(), ln.cpu()
+    for t in range(T):
+        row = idx[t].tolist()
+        valid = [x for j, x in enumerate(row) if 0 <= x < S and j < ln[t]]
+        out = got[t].tolist()
+        assert out[len(valid):] == [INVALID] * (topk - len(valid))
+        assert sorted(out[:len(valid)]) == sorted(valid)
+        if not valid:
+            continue
+        lo, hi = min(valid), max(valid)
+        width = 1
+        while (hi - lo) // width >= buckets:
+            width *= 2
+        ranges = [(x - lo) // width for x in out[:len(valid)]]
+        assert ranges == sorted(ranges)
+        assert max(ranges) < buckets and (hi - lo < buckets or max(ranges) >= buckets // 2)
+        for r in set(ranges):
+            assert [x for x in out[:len(valid)] if (x - lo) // width == r] == \
+                [x for x in valid if (x - lo) // width == r]
+
+
+def test_order_rejects():
+    idx = torch.zeros(2, 8, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="power of two"):
+        order_indices(idx, 10, None, 3)
+    with pytest.raises(ValueError, match="topk"):
+        order_indices(torch.zeros(1, MAX_ORDER_TOPK + 1, dtype=torch.int32, device=DEVICE), 10)
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_sparse_mla_with_order(kv_format, h_q):
+    """Sparse MLA with the grouping forced on: -1 / >= S entries, duplicates, an empty row, topk_length, a sink,
+    NaN in unused slots, the output poisoned first; the same as the reference and as the call without it."""
+    T = 4
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, 150, 700, kv_format, seed=h_q, empty_rows=(2,), with_len=True,
+                                          with_sink=True)
+    flat = ref_mod.flat_kv(kv)
+    out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
+    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, order=4)
+    assert got[0] is out
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, flat.shape[0]), f"order h_q={h_q} {kv_format}")
+    plain = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, order=False)
+    assert_matches(got, plain, max_abs_v(kv, idx, flat.shape[0]), "order on vs off")
+
+
+def test_order_pays():
+    """Arguments: T, splits, topk, S, row bytes. Prefill-like calls over a cache far past L2 group; decode
+    batches, small caches, split calls and single-tile lists do not."""
+    assert order_pays(4096, 1, 2048, 131072, 1152)
+    assert order_pays(512, 1, 2048, 131072, 1152)
+    assert not order_pays(256, 1, 2048, 128 * 32768, 656)  # decode batch 128 x s_q 2
+    assert not order_pays(4096, 1, 2048, 65536, 1152)  # 75 MB
+    assert not order_pays(4096, 1, 2048, 131072, 656)  # fp8, 86 MB
+    assert not order_pays(4096, 2, 2048, 131072, 1152)
+    assert not order_pays(4096, 1, 64, 131072, 1152)
