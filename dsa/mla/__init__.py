@@ -54,7 +54,9 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         (FlashMLA's convention). fp8 rows are dequantised to bf16 before the products.
 
     No host–device synchronisation; CUDA-graph safe for fixed shapes (the split-K path allocates
-    its fp32 partials with ``torch.empty``). The work split is chosen inside.
+    its fp32 partials with ``torch.empty``). The work split is chosen inside, and so is whether the index lists
+    are first grouped by slot range into a ``[T, topk]`` int32 copy (many tokens over a large cache, for L2
+    locality; :mod:`dsa.mla.order`): the result is the same up to the order of the fp32 sums.
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     T, h_q, d_qk = q.shape
