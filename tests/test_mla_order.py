@@ -111,3 +111,24 @@ def test_order_pays():
     assert not order_pays(4096, 1, 2048, 131072, 656)  # fp8, 86 MB
     assert not order_pays(4096, 2, 2048, 131072, 1152)
     assert not order_pays(4096, 1, 64, 131072, 1152)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_gpu_public_call_groups(h_q, monkeypatch):
+    """A prefill-like public call (512 tokens, 2048 of 128K bf16 rows: 151 MB) takes the grouping by itself and
+    matches the reference: -1 / >= S entries, topk_length, a sink, an empty row, NaN in unused slots."""
+    import dsa.mla.kernel as K
+    from dsa.mla import sparse_mla
+
+    calls = []
+    real = K.order_indices
+    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (calls.append(a[1]), real(*a, **k))[1])
+    T, topk, S = 512, 2048, 1 << 17
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "bf16", seed=7, block_size=64, with_len=True,
+                                          with_sink=True, empty_rows=(1,))
+    out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
+    assert calls == [S]
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, S), f"grouped h_q={h_q}")
