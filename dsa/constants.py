@@ -28,6 +28,8 @@ INDEXER_ROPE_DIM = 64  # rope on the FIRST 64 dims of an indexer head
 INDEXER_ROW_BYTES = INDEXER_HEAD_DIM + 4  # 132: 128 fp8 values + one fp32 scale
 INDEX_TOPK = 2048
 
+INT32_MAX = 2**31 - 1  # the largest int32 slot; index lists are int32
+
 # --- Paged caches ----------------------------------------------------------------
 MIN_BLOCK_SIZE = 1
 MAX_BLOCK_SIZE = 256

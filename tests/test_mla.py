@@ -29,7 +29,7 @@ import triton
 
 import dsa.mla.reference as ref_mod
 from dsa.backend import on_hopper
-from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK
+from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, INT32_MAX, KV_LORA_RANK
 from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
@@ -38,7 +38,6 @@ from utils import DEVICE, gen, poison_, record_launches, skip_unless_hopper
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
-INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------------------------

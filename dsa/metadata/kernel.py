@@ -26,8 +26,6 @@ import triton.language as tl
 from .._host import cdiv, next_power_of_2
 from ..backend import interpreter_on
 
-INT32_MAX = 2**31 - 1
-
 
 @triton.jit
 def global_slot(idx, bt_row, bt_stride1, max_blocks, ok, BLOCK_SIZE: tl.constexpr):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-INT32_MAX = 2**31 - 1
+from ..constants import INT32_MAX
 
 
 def convert_req_index_to_global_index_ref(

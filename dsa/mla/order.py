@@ -28,8 +28,10 @@ import triton
 import triton.language as tl
 
 from .._host import next_power_of_2
+from ..constants import INT32_MAX
+from .reference import valid_mask
 
-INVALID = 2**31 - 1
+INVALID = INT32_MAX
 _INVALID = tl.constexpr(INVALID)
 #: longest row one program partitions
 MAX_ORDER_TOPK = 8192
@@ -101,11 +103,8 @@ def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | Non
 def order_indices_ref(indices: torch.Tensor, S: int, topk_length: torch.Tensor | None = None,
                       buckets: int = DEFAULT_BUCKETS) -> torch.Tensor:
     """Plain PyTorch form of :func:`order_indices` (the test oracle)."""
-    T, topk = indices.shape
     x = indices.long()
-    ok = (x >= 0) & (x < S)
-    if topk_length is not None:
-        ok &= torch.arange(topk, device=indices.device)[None, :] < topk_length[:, None].long()
+    ok = valid_mask(x, S, topk_length)
     lo = torch.where(ok, x, INVALID).min(dim=1, keepdim=True).values
     hi = torch.where(ok, x, -1).max(dim=1, keepdim=True).values
     top = (hi - lo).clamp(min=0)
