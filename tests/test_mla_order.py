@@ -37,9 +37,13 @@ def test_order_kernel_matches_reference(T, topk, S, with_len, buckets):
     and 0, row lengths not powers of two; the output poisoned first; the input untouched."""
     idx, ln = _lists(T, topk, S, seed=topk + buckets, with_len=with_len)
     before = idx.clone()
+    want = order_indices_ref(idx, S, ln, buckets)
+    out = poison_(torch.empty(T, topk, dtype=torch.int32, device=DEVICE))
+    assert order_indices(idx, S, ln, buckets, out=out) is out
+    assert torch.equal(out, want)
     got = order_indices(idx, S, ln, buckets)
     assert got.dtype == torch.int32 and got.shape == (T, topk) and got.is_contiguous()
-    assert torch.equal(got, order_indices_ref(idx, S, ln, buckets))
+    assert torch.equal(got, want)
     assert torch.equal(idx, before)
 
 
@@ -109,6 +113,8 @@ def test_order_rejects():
         order_indices(idx, 10, None, 3)
     with pytest.raises(ValueError, match="topk"):
         order_indices(torch.zeros(1, MAX_ORDER_TOPK + 1, dtype=torch.int32, device=DEVICE), 10)
+    with pytest.raises(ValueError, match="out"):
+        order_indices(idx, 10, out=torch.empty(2, 9, dtype=torch.int32, device=DEVICE))
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])

@@ -74,7 +74,6 @@ L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs b
 trace (branch ``mla-trace``) puts both sides at about 3,700 clocks per tile: the math warpgroup's tile, and a
 producer warpgroup's fill from a free buffer to ``full``; with two buffers neither can run ahead.
 
-
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
 kernel, which stays the path everywhere else.

@@ -12,8 +12,9 @@ Row ``t`` of the result is a stable partition of ``indices[t]``: its valid entri
 with ``topk_length``, position ``< topk_length[t]``) grouped by slot range, lower ranges first: the range of
 ``idx`` is ``(idx - min) >> shift`` with ``min`` / ``max`` the row's smallest / largest valid slot and ``shift``
 the smallest that maps ``max - min`` below ``buckets`` (a power of two), so a row spans ``buckets / 2`` to
-``buckets`` ranges of ``2**shift`` slots; the original order kept inside a range, duplicates kept; then :data:`INVALID` (``2**31 - 1``, which is ``>= S``
-and therefore an invalid slot to the attention kernels) in every other position. The valid entries stay within
+``buckets`` ranges of ``2**shift`` slots; the original order kept inside a range, duplicates kept; then
+:data:`INVALID` (``2**31 - 1``, which is ``>= S`` and therefore an invalid slot to the attention kernels) in every
+other position. The valid entries stay within
 the first ``topk_length[t]`` positions, so the same ``topk_length`` still applies.
 
 The kernel ranks each entry inside its range with packed counters: ``63 // BITS`` ranges share one int64
@@ -80,16 +81,21 @@ def _order_rows_kernel(idx_ptr, stride_idx, len_ptr, out_ptr, S, topk, HAS_LEN: 
 
 
 def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | None = None,
-                  buckets: int = DEFAULT_BUCKETS) -> torch.Tensor:
-    """``[T, topk]`` int32 index lists (any row stride, last dim contiguous) -> a new contiguous ``[T, topk]``
-    int32 tensor: each row's valid slots grouped by range (module docstring), then :data:`INVALID`.
-    ``topk <= MAX_ORDER_TOPK``, ``buckets`` a power of two from 1 to 32. One launch, no host synchronisation."""
+                  buckets: int = DEFAULT_BUCKETS, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, topk]`` int32 index lists (any row stride, last dim contiguous) -> a contiguous ``[T, topk]`` int32
+    tensor (``out`` if given, else a new one): each row's valid slots grouped by range (module docstring), then
+    :data:`INVALID`. ``topk <= MAX_ORDER_TOPK``, ``buckets`` a power of two from 1 to 32. One launch, no host
+    synchronisation."""
     T, topk = indices.shape
     if topk > MAX_ORDER_TOPK:
         raise ValueError(f"order_indices: topk {topk} > {MAX_ORDER_TOPK}")
     if buckets not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"order_indices: buckets {buckets} is not a power of two from 1 to 32")
-    out = torch.empty(T, topk, dtype=torch.int32, device=indices.device)
+    if out is None:
+        out = torch.empty(T, topk, dtype=torch.int32, device=indices.device)
+    elif out.shape != (T, topk) or out.dtype != torch.int32 or not out.is_contiguous():
+        raise ValueError(f"order_indices: out must be a contiguous int32 [{T}, {topk}] tensor, got "
+                         f"{out.dtype} {list(out.shape)}")
     if T == 0:
         return out
     block = next_power_of_2(topk)
@@ -113,4 +119,3 @@ def order_indices_ref(indices: torch.Tensor, S: int, topk_length: torch.Tensor |
     b = torch.where(ok, (x - lo) >> shift, buckets)
     perm = torch.sort(b, dim=1, stable=True).indices
     return torch.where(ok, x, INVALID).gather(1, perm).to(torch.int32).contiguous()
-
