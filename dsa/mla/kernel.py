@@ -392,9 +392,9 @@ ORDER_MIN_CACHE_BYTES = 128 << 20
 def order_pays(T: int, num_splits: int, topk: int, S: int, row_bytes: int) -> bool:
     """Whether :func:`sparse_mla_triton` groups the index lists first: one split, at least ``ORDER_MIN_T`` tokens
     (decode batches, whose requests read disjoint parts of the cache, gained nothing: 0.9% slower at T 256, h_q 128,
-    call 6; 3.6% at h_q 16 with the earlier kernel, call 4), a cache of ``ORDER_MIN_CACHE_BYTES`` or more (smaller ones lost with an earlier, 85 us form of the kernel:
-    bf16 32K rows 5% slower at h_q 16, fp8 128K rows 3.5%), more than one tile of entries and at most
-    :data:`~dsa.mla.order.MAX_ORDER_TOPK`. Measured on the H200, BENCHMARKS.md fifteenth session (bf16 prefill,
+    call 6; 3.6% at h_q 16 with an earlier, 85 us form of the kernel, call 4), a cache of ``ORDER_MIN_CACHE_BYTES``
+    or more (smaller ones lost in call 4: bf16 32K rows 5% at h_q 16, fp8 128K rows 3.5%), more than one tile of
+    entries and at most :data:`~dsa.mla.order.MAX_ORDER_TOPK`. Measured on the H200, BENCHMARKS.md fifteenth session (bf16 prefill,
     T 4096, topk 2048 of 128K, 4 ranges, the grouping included: h_q 16 -11.4%, 32 -8.5%, 128 -0.1% (call 9);
     h_q 64 -6.2%, T 512 h_q 16 -10.1% (call 6))."""
     return (num_splits == 1 and T >= ORDER_MIN_T and 64 < topk <= MAX_ORDER_TOPK
