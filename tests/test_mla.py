@@ -777,7 +777,7 @@ if fp8:
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=fp8)  # fp8: the producer warpgroups on alternate tiles
+                  CLUSTER=cluster, ALT=fp8, LAZY=kernel_sm90.LAZY_MAX)  # fp8: producers on alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"

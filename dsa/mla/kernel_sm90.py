@@ -111,6 +111,10 @@ PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # key
 #: 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles) 17.4 -> 17.9 and
 #: batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
+#: 16/32-head groups: P against the earlier tiles' max, one barrier round per tile (:func:`_math_rows`, ``LAZY``),
+#: and how far a tile's max may exceed it (log2 units) before P is redone against the new max
+LAZY_MAX = True
+LAZY_TAU = gl.constexpr(8.0)
 #: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
 #: no spills at these, sm_90 compile)
@@ -238,11 +242,12 @@ def _cluster_merge(o_part_ptr, lse_part_ptr, ml_part_ptr, sink_ptr, out_ptr, str
 @gluon.jit
 def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
               h_q, BH: gl.constexpr, D0: gl.constexpr, HEAD_AXIS: gl.constexpr, o_layout: gl.constexpr,
-              HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, STATS: gl.constexpr):
+              HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, STATS: gl.constexpr, m_top=None):
     """Normalise and store the accumulator of a head group: ``acc`` holds output columns ``[D0, D0 + DW)`` of
     the ``BH`` heads, as ``[BH, DW]`` (``HEAD_AXIS`` 0) or transposed ``[DW, BH]`` (1), fp32 in ``o_layout``;
     ``l_i`` / ``m_i`` the running sum and max per head (log2 units, any layout). ``SPLIT``: fp32 partials of split
-    ``sid``. ``STATS``: also store lse and max_logits (:func:`~dsa.mla.epilogue.row_stats`)."""
+    ``sid``. ``STATS``: also store lse and max_logits (:func:`~dsa.mla.epilogue.row_stats`). ``m_top``: the true
+    running max when ``m_i`` is only the reference ``acc`` and ``l_i`` were taken against (``LAZY``)."""
     head_l: gl.constexpr = gl.SliceLayout(1 - HEAD_AXIS, o_layout)
     DW: gl.constexpr = acc.shape[1 - HEAD_AXIS]
     offs_h = hg * BH + gl.arange(0, BH, head_l)
@@ -250,6 +255,12 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
     offs_d = D0 + gl.arange(0, DW, gl.SliceLayout(HEAD_AXIS, o_layout))
     inv, lse, ml = row_stats(gl.convert_layout(l_i, head_l), gl.convert_layout(m_i, head_l), sink_ptr, offs_h, hmask,
                              HAS_SINK, SPLIT)
+    if m_top is not None:
+        mt = gl.convert_layout(m_top, head_l)
+        if SPLIT:
+            ml = mt
+        else:
+            ml = gl.where(mt == float("-inf"), float("-inf"), mt * 0.6931471805599453)
     mask = gl.expand_dims(hmask, 1 - HEAD_AXIS)
     cols = gl.expand_dims(offs_d, HEAD_AXIS)
     if SPLIT:
@@ -415,11 +426,18 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  SPLIT: gl.constexpr, m_smem=None, LAZY: gl.constexpr = False):
     """The math warpgroup of a 16/32-head group (the default partition): the gathered rows are the M
     dimension of both products and the heads their N (S^T = K q^T, O^T = V^T P^T), so no MMA work is spent
     on padding heads; per tile wait for ``full``, the two products and the online softmax, release the
-    buffer (``empty``); the epilogue at the end."""
+    buffer (``empty``); the epilogue at the end.
+
+    ``LAZY``: P is taken against the reference max of the earlier tiles, not this tile's, and each warp's max of
+    the tile's rows goes through ``m_smem`` ``[4, BH]`` with the P store's barrier (one barrier round instead of
+    the reduction's two plus that one); only when some head's tile max exceeds the reference by more than
+    ``LAZY_TAU`` (and at the first valid tile) are P, the sums and the accumulator redone against the new max.
+    P is then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum, exact for
+    any reference; max_logits comes from the true running max."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -435,6 +453,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums, reduced over the rows at the end
     acc = gl.zeros([DV, BH], gl.float32, o_layout)  # O^T
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
+    m_top = gl.full([BH], float("-inf"), gl.float32, head_s)  # LAZY: the true running max (m_i the reference)
     for i in range(n_tiles):
         s = i % 2
         valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
@@ -444,19 +463,51 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
-        p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
+        if LAZY:
+            sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
+            m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
+            ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
+            p = gl.exp2(sc - gl.expand_dims(ref, 0))
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+            m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
+                             gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
+            m_top = gl.maximum(m_top, m_t)
+            grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
+            if grow:
+                m_new = gl.maximum(m_i, m_t)
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(sc - gl.expand_dims(m_use, 0))
+                l_2d = l_2d * gl.expand_dims(alpha, 0) + p
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+                p_smem.store(p.to(gl.bfloat16))
+                fence_async_shared()
+                gl.thread_barrier()
+                m_i = m_new
+            else:
+                l_2d = l_2d + p
+            acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc, is_async=True)
+        else:
+            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
 
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
-        acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc * alpha_o[None, :], is_async=True)
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
+            acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc * alpha_o[None, :], is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
 
-    _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
-              sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True)
+    if LAZY:
+        _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
+                  t64, hg, sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top)
+    else:
+        _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
+                  t64, hg, sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -739,6 +790,7 @@ def _sparse_mla_sm90_kernel(
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
+    LAZY: gl.constexpr = False,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -797,6 +849,7 @@ def _sparse_mla_sm90_kernel(
         else:  # P^T
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH],
                                                gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
+            m_smem = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2):
@@ -817,7 +870,7 @@ def _sparse_mla_sm90_kernel(
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
                               stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
                               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT)),
+                              SPLIT, m_smem, LAZY)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
@@ -828,7 +881,7 @@ def _sparse_mla_sm90_kernel(
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
                               stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
                               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT)),
+                              SPLIT, m_smem, LAZY)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
@@ -907,6 +960,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=LAZY_MAX and block_h < BLOCK_H, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
