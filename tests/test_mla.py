@@ -66,6 +66,13 @@ def make_cache(S, kv_format, g, used, *, block_size=None, scale=1.0):
     c_kv = torch.randn(S, KV_LORA_RANK, generator=g) * scale
     c_kv *= torch.exp(torch.randn(S, 1, generator=g) * 0.5)  # rows of different magnitudes
     k_pe = torch.randn(S, D_QK - KV_LORA_RANK, generator=g) * scale
+    return pack_cache(c_kv, k_pe, kv_format, used, block_size=block_size)
+
+
+def pack_cache(c_kv, k_pe, kv_format, used, *, block_size=None):
+    """Rows ``c_kv [S, 512]`` and ``k_pe [S, 64]`` (float) as a cache in ``kv_format`` with NaN in every slot not
+    ``used`` (see :func:`make_cache`)."""
+    S = c_kv.shape[0]
     if kv_format == "bf16":
         kv = torch.cat([c_kv, k_pe], dim=-1).to(torch.bfloat16)
         kv[~used] = float("nan")
@@ -660,6 +667,55 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("H", [16, 32])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
+@pytest.mark.parametrize("lazy", [(), (16, 32)])
+def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, monkeypatch):
+    """The small-head Gluon kernel on logits that rise or fall along the index list, ``slope`` log2 units per entry:
+    0.25 is 16 per 64-row tile, past ``LAZY_TAU`` (8) at every tile, so P is redone against the new max; 0.05 is 1-5
+    per tile, under it, so P runs above 1 against the earlier tiles' max for a few tiles before a redo; -0.25 has
+    the max in the first tile.
+    Row 1 takes the list backwards, row 2 has invalid entries scattered through it. With P against the earlier
+    tiles' max (``LAZY_MAX``) for these head groups and without it, whole and split, into poisoned outputs, NaN in
+    unused slots, against the reference."""
+    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
+
+    kernel_sm90 = _sm90_or_skip()
+    monkeypatch.setattr(kernel_sm90, "LAZY_MAX", lazy)
+    g = gen(31)
+    T, topk, S = 3, 1024, 1100
+    sm = 192**-0.5
+    q0 = torch.randn(D_QK, generator=g)
+    q = (q0[None, None, :] + 0.1 * torch.randn(T, H, D_QK, generator=g)).to(torch.bfloat16)
+    a = slope * torch.arange(topk, dtype=torch.float32) / (sm * LOG2E)  # target logit of entry j
+    rows = torch.randn(S, D_QK, generator=g) * 0.5
+    rows[:topk] += a[:, None] * q0[None, :] / q0.square().sum()
+    used = torch.zeros(S, dtype=torch.bool)
+    used[:topk] = True
+    kv = pack_cache(rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:], kv_format, used)
+    idx = torch.arange(topk, dtype=torch.int32)[None, :].repeat(T, 1)
+    idx[1] = idx[1].flip(0)
+    bad = torch.rand(topk, generator=g) < 0.2
+    idx[2, bad] = torch.tensor([-1, S, INT32_MAX], dtype=torch.int32)[torch.randint(0, 3, (int(bad.sum()),),
+                                                                                    generator=g)]
+    q, kv, idx = q.to(DEVICE), kv.to(DEVICE), idx.to(DEVICE)
+    logits = (q[0].float() @ ref_mod.gather_rows_bf16(kv, idx[0].long()).float().T) * sm * LOG2E  # [H, topk]
+    steps = logits.view(H, topk // 64, 64).amax(-1).diff(dim=1)  # how each head's tile max moves, log2 units
+    lo, hi = {0.25: (8, 30), 0.05: (0, 8), -0.25: (-30, -8)}[slope]
+    assert lo < steps.min() and steps.max() < hi, (steps.min(), steps.max())
+    calls = record_launches(monkeypatch, kernel_sm90, "block_h")
+    want = sparse_mla_ref(q, kv, idx, sm)
+    for ns in (None, 2):
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
+        got = sparse_mla_triton(q, kv, idx, sm, D_V, None, None, out, num_splits=ns,
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H))
+        assert got[0] is out
+        assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
+    assert calls == [H, H]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T,H,topk,splits,kv_format,pingpong", [
     (1, 16, 2048, 16, "fp8_ds_mla", None),  # batch-1 decode: one cluster of 16 CTAs
     (1, 16, 2048, 16, "bf16", None),
@@ -770,14 +826,15 @@ fn = kernel_sm90._sparse_mla_sm90_kernel
 ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
             sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
             flse_ptr="*fp32")
-fp8 = sys.argv[1] == "fp8"  # then: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-prod = kernel_sm90.producer_config(fp8, 16, False)  # what launch() uses for a 16-head group
+fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
+fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
+prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
 if fp8:
     ptrs.update(nope_ptr="*fp8e4nv", scale_ptr="*fp32")
 for cluster in map(int, sys.argv[2:]):
-    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=16, PINGPONG=False,
+    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=fp8, LAZY=kernel_sm90.LAZY_MAX)  # fp8: producers on alternate tiles
+                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX)  # fp8: producers on alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"
@@ -815,11 +872,12 @@ def test_sm90_small_head_fp8_producer_fits():
     from dsa.mla import kernel_sm90
 
     assert kernel_sm90.PRODUCER_ROWS_FP8["warps"] == 8
-    (line, ) = _compile_sm90("fp8", "0")
-    cluster, size, barrier, threads, regs = line.split()
-    assert (cluster, size, barrier, threads) == ("0", "1", "0", "384"), line
-    regs = [int(r) for r in regs.split(",")]
-    assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
+    for bh in (16, 32):  # (32: the math warpgroup with P against the earlier tiles' max, LAZY_MAX)
+        (line, ) = _compile_sm90(f"fp8/{bh}", "0")
+        cluster, size, barrier, threads, regs = line.split()
+        assert (cluster, size, barrier, threads) == ("0", "1", "0", "384"), (bh, line)
+        regs = [int(r) for r in regs.split(",")]
+        assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
 @pytest.mark.gpu

@@ -111,9 +111,12 @@ PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # key
 #: 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles) 17.4 -> 17.9 and
 #: batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
-#: 16/32-head groups: P against the earlier tiles' max, one barrier round per tile (:func:`_math_rows`, ``LAZY``),
-#: and how far a tile's max may exceed it (log2 units) before P is redone against the new max
-LAZY_MAX = True
+#: the head-group sizes (``block_h``) whose math warpgroup takes P against the earlier tiles' max, one barrier round
+#: per tile (:func:`_math_rows`, ``LAZY``), and how far a tile's max may exceed it (log2 units) before P is redone
+#: against the new max. H200, CUDA graphs, s_q 1, 32K, 3 rounds (BENCHMARKS.md): 32-head groups fp8 batch 64 / 128
+#: 49.8 / 87.2 -> 48.0 / 84.1 us, bf16 prefill h_q 32 2113 -> 2040 us; 16-head groups within +-1% (batch 1 +1.1%),
+#: so left out: there the producers' fill, not the softmax, sets the time per tile.
+LAZY_MAX = (32,)
 LAZY_TAU = gl.constexpr(8.0)
 #: the ping-pong schedule for 64-head groups over the bf16 cache (:func:`_math_pp`, :func:`_producer_pp`) by default,
 #: and its registers: producer warpgroup and the worker math warpgroup (the default one gets the rest, 240;
@@ -960,6 +963,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=LAZY_MAX and block_h < BLOCK_H, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=block_h in LAZY_MAX, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
