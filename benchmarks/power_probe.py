@@ -47,9 +47,12 @@ def cases():
         yield (f"indexer decode logits, block 64, next_n {nn}",
                lambda q=q, blocks=blocks, w=w, ctx=ctx, bt=bt, m=max_len, out=out:
                LK.fp8_paged_mqa_logits_triton(q, blocks, w, ctx, bt, m, True, out))
-    q, kv, idx = B.mla_inputs(*B.MLA_SHAPES["prefill_bf16_h128"])
-    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device="cuda")
-    yield "MLA prefill bf16 h128", lambda: sparse_mla(q, kv, idx, 192 ** -0.5, out=out, backend="triton")
+    for h in (128, 32, 16):
+        q, kv, idx = B.mla_inputs(*B.MLA_SHAPES[f"prefill_bf16_h{h}"])
+        out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device="cuda")
+        yield (f"MLA prefill bf16 h{h}",
+               lambda q=q, kv=kv, idx=idx, out=out: sparse_mla(q, kv, idx, 192 ** -0.5, out=out, backend="triton"))
+        q = kv = idx = out = None
     a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()
     one = torch.ones((), device="cuda")
