@@ -10,7 +10,9 @@
 #      compile; the report's per-step numbers are what compare),
 #   4. `dsa bench` at the goal shapes, with a plot (BENCH_ARGS picks a subset, e.g. "--kernels topk"),
 #   5. the SM clock and board power while the machine-dependent goal kernels run back to back
-#      (benchmarks/power_probe.py: every kernel here runs at the 700 W cap, so the clock varies by machine).
+#      (benchmarks/power_probe.py: every kernel here runs at the 700 W cap, so the clock varies by machine),
+#   6. small-head decode at the defaults (h_q 16/32, both formats, batch 1-128; CUDA graphs), the rows of
+#      the sparse-MLA goal that asks for 70% of the bandwidth floor.
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
@@ -31,9 +33,12 @@ timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 
 echo "run rc=$?" >> "$OUT/run_reference.txt"
 timeout 240 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
 timeout 90 python3 benchmarks/power_probe.py 2 > "$OUT/power.txt" 2>&1; echo "power rc=$?" >> "$OUT/power.txt"
+timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out "$OUT/decode.jsonl" \
+  > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
 echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
 echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
 echo "== dsa run";   cat "$OUT/run_triton.txt"
 echo "== reference"; tail -25 "$OUT/run_reference.txt"
 echo "== bench";     tail -50 "$OUT/bench.txt"
-echo "== power";     tail -7 "$OUT/power.txt"
+echo "== power";     tail -9 "$OUT/power.txt"
+echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
