@@ -1,6 +1,6 @@
 """Run one sparse-MLA shape a few times, for Nsight Compute to profile (hardware counters).
 
-    python benchmarks/profile_mla.py SHAPE [bf16]  # plain run (compiles, then 2 calls)
+    python benchmarks/profile_mla.py SHAPE [bf16] [unordered]  # plain run (compiles, then 2 calls)
     ncu --clock-control none -k "regex:_sparse_mla_(fwd|sm90)" --launch-skip 1 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \\
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
@@ -12,7 +12,9 @@
 warpgroup's stalls from the math warps'.)
 
 SHAPE is a row of `dsa bench --kernels mla` (dsa.bench.MLA_SHAPES: random index lists, all valid);
-``bf16`` runs it over the bf16 cache instead. (The 2026-12-01 profiles used T 2048 for prefill h128.)
+``bf16`` runs it over the bf16 cache instead; ``unordered`` without the grouping of the index lists by slot range
+that many-token calls take by default (:func:`dsa.mla.kernel.order_pays`). (The 2026-12-01 profiles used T 2048 for
+prefill h128.)
 BENCHMARKS.md (2026-12-01, third session) has what these profiles showed on the H200.
 
 Where a kernel stands against the memory system (BENCHMARKS.md, thirteenth session, call 5): replace the sections
@@ -21,7 +23,8 @@ sm__cycles_elapsed.avg.per_second, dram__throughput.avg.pct_of_peak_sustained_el
 lts__throughput.avg.pct_of_peak_sustained_elapsed, lts__t_sector_hit_rate.pct,
 l1tex__throughput.avg.pct_of_peak_sustained_active,
 l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,
-smsp__issue_active.avg.pct_of_peak_sustained_active (that ncu has no sm__pipe_tensor_op_gmma_cycles_active).
+smsp__issue_active.avg.pct_of_peak_sustained_active (that ncu has no sm__pipe_tensor_op_gmma_cycles_active); the
+sixteenth session added dram__bytes_read.sum, lts__t_bytes.sum and lts__t_sectors_srcunit_tex.sum.
 """
 from __future__ import annotations
 
@@ -36,14 +39,15 @@ from dsa.mla.kernel import sparse_mla_triton  # noqa: E402
 
 
 def main():
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in MLA_SHAPES or sys.argv[2:] not in ([], ["bf16"]):
-        sys.exit(f"usage: python benchmarks/profile_mla.py {{{','.join(MLA_SHAPES)}}} [bf16]")
+    opts = sys.argv[2:]
+    if len(sys.argv) < 2 or sys.argv[1] not in MLA_SHAPES or not set(opts) <= {"bf16", "unordered"}:
+        sys.exit(f"usage: python benchmarks/profile_mla.py {{{','.join(MLA_SHAPES)}}} [bf16] [unordered]")
     T, h, topk, nreq, s_kv, fmt = MLA_SHAPES[sys.argv[1]]
-    fmt = sys.argv[2] if len(sys.argv) == 3 else fmt  # e.g. a decode shape over the bf16 cache
+    fmt = "bf16" if "bf16" in opts else fmt  # e.g. a decode shape over the bf16 cache
     q, kv, idx = mla_inputs(T, h, topk, nreq, s_kv, fmt, dev="cuda")
     flat = kv.reshape(-1, kv.shape[-1])
-    for _ in range(2):
-        sparse_mla_triton(q, flat, idx, 192 ** -0.5)
+    for _ in range(2):  # (unordered: without the grouping by slot range that many-token calls take by default)
+        sparse_mla_triton(q, flat, idx, 192 ** -0.5, order=False if "unordered" in opts else None)
     torch.cuda.synchronize()
 
 
