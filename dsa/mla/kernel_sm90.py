@@ -508,12 +508,8 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
 
-    if LAZY:
-        _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
-                  t64, hg, sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top)
-    else:
-        _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
-                  t64, hg, sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True)
+    _epilogue(acc, gl.sum(l_2d, 0), m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
+              sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top if LAZY else None)
 
 
 # ------------------------------------------------------------------------------------------------------
