@@ -117,7 +117,7 @@ PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
 #: the head-group sizes (``block_h``) whose math warpgroup takes P against the earlier tiles' max, one barrier round
 #: per tile (:func:`_math_rows`, ``LAZY``), and how far a tile's max may exceed it (log2 units) before P is redone
 #: against the new max. H200, CUDA graphs, s_q 1, 32K, 3 rounds (BENCHMARKS.md): 32-head groups fp8 batch 64 / 128
-#: 49.8 / 87.2 -> 48.0 / 84.1 us, bf16 prefill h_q 32 2113 -> 2040 us; 16-head groups within +-1% (batch 1 +1.1%),
+#: 49.8 / 87.2 -> 48.0 / 84.1 us, bf16 prefill h_q 32 2115 -> 2040 us; 16-head groups within +-1% (batch 1 +1.1%),
 #: so left out: there the producers' fill, not the softmax, sets the time per tile.
 LAZY_MAX = (32,)
 LAZY_TAU = gl.constexpr(8.0)
