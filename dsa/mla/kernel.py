@@ -472,7 +472,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
             kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
                                T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
                                producer=cfg.get("producer"), pingpong=cfg.get("pingpong"), cluster=cluster,
-                               final=(out, out.stride(0), out.stride(1), max_logits, lse))
+                               final=(out, out.stride(0), out.stride(1), max_logits, lse), num_sms=_num_sms(dev),
+                               persist=cfg.get("persist"))
         else:
             _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                          T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)

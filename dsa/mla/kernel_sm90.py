@@ -24,7 +24,9 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   publishes its max, warpgroup 1 folds it into its own and publishes the pair's max, warpgroup 0 rescales its
   P and accumulator to it). Each buffer is released in halves (values ``[0, 256)``; the rest and the rope
   part) as soon as their last reader is done, so the producer (:func:`_producer_pp`) refills one half while
-  the other is still read: two buffers suffice.
+  the other is still read: two buffers suffice. Unsplit launches (prefill) run persistent programs, one per SM
+  (``PERSIST``): each walks its (token, head group) items, and its producer copies the next item's q (once both
+  math warpgroups are past their last QK) and first tiles while the last item's P.V and output run.
 * 64-head groups over the fp8_ds_mla cache (:func:`_math_64`, two math warpgroups sharing each tile; also
   bf16 with ``pingpong=False``): QK ``S [64 heads, 64 rows]`` with ``warps_per_cta=[4, 2]``, each warpgroup
   computing the logits of 32 of the 64 rows; P (bf16) to shared memory; PV ``O [64, 512]``, each warpgroup
@@ -68,7 +70,9 @@ and exchanged (6-15% slower at 16 heads, 55% at 32); the index-list entries load
 in a ring of 4 copied before the buffer is free (0-2% and 2-18% slower); a conversion without the scale (3-6%
 faster, wrong values: the bound for any cheaper dequantisation); the math warpgroup's index-list entries loaded a
 tile ahead (-2% to +1%; +5% at 64 heads); every producer's two of its tiles ahead, loaded after ``full`` (1-19%
-slower); the tile buffers filled and released in halves, as the ping-pong's are (9-12% slower at 16 heads).
+slower); the tile buffers filled and released in halves, as the ping-pong's are (9-12% slower at 16 heads). Persistent
+programs for 16/32-head groups over the bf16 cache, as the ping-pong's (prefill h_q 16 -3.1 / +0.3%, h_q 32 +0.8 /
++0.8% in two runs).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
@@ -126,6 +130,13 @@ LAZY_TAU = gl.constexpr(8.0)
 #: no spills at these, sm_90 compile)
 PINGPONG = True
 PRODUCER_PP = dict(regs=56, math_regs=208)
+#: unsplit ping-pong launches (prefill) run one persistent program per SM over the work items, (token, 64-head
+#: group) pairs (``PERSIST``: :func:`_math_pp_persist`, :func:`_producer_pp_persist`): the next item's q and first
+#: tiles are copied by the producer while the last item's P.V and output run. H200, bf16 prefill, 4096 tokens x
+#: topk 2048, do_bench medians of 5 interleaved rounds in three runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 ->
+#: 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; h_q 64 +2.0,
+#: +1.9, -2.2%.
+PERSIST = True
 
 
 @gluon.jit
@@ -540,16 +551,17 @@ def _pp_ready(bar):
 
 @gluon.jit
 def _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row, start,
-                 n_pairs, stop, S, PW: gl.constexpr, CLUSTER: gl.constexpr):
+                 n_pairs, stop, S, gp, PW: gl.constexpr, CLUSTER: gl.constexpr):
     """Producer of the ping-pong schedule (bf16 cache): tile ``2p`` of pair ``p`` goes to buffer 0, tile ``2p + 1``
     to buffer 1, each in two halves (L: values ``[0, 256)``; R: ``[256, 512)`` and the rope part) with their own
     ``ready`` / ``free`` mbarriers (index ``2 * buffer + half``), copied by ``cp.async`` in the order the math
-    warpgroups free them: 0L, 1R, 0R, 1L (each half is issued before the previous one is signalled)."""
+    warpgroups free them: 0L, 1R, 0R, 1L (each half is issued before the previous one is signalled). ``gp``: the
+    pairs this program filled before (persistent programs: the barriers' phases run on over work items)."""
     BN: gl.constexpr = 64
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # 16-byte pieces
     row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
     for p in range(n_pairs):
-        ph = (p & 1) ^ 1
+        ph = ((gp + p) & 1) ^ 1
         z = p // (n_pairs + 1)  # 0: the buffers' addresses formed in the loop (see _math_pp)
         kn0 = k_nope_smem.index(z)
         kn1 = k_nope_smem.index(1 + z)
@@ -599,7 +611,7 @@ def _signal(bar):
 def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
              q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr,
              t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, WG: gl.constexpr, HAS_SINK: gl.constexpr,
-             SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
+             SPLIT: gl.constexpr, CLUSTER: gl.constexpr, gp=0, it=0, qfree=None):
     """One math warpgroup of the ping-pong schedule (WG 0: the default partition, WG 1: a worker). Warpgroup
     ``WG`` owns tile ``2p + WG`` of pair ``p`` (buffer ``WG``): its whole ``S [64 heads, 64 rows]`` (m64n64,
     q read once per tile) and softmax, and output columns ``[256 WG, 256 WG + 256)`` of both tiles: P.V with its
@@ -607,7 +619,11 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
     warpgroup 0 publishes its new max (``xbar`` 0), warpgroup 1 folds it into its own (``xbar`` 1), warpgroup 0
     rescales to that before publishing its P (``xbar`` 2; P of tile 2p lives in buffer 0's rope part, which is no
     longer needed once both QK halves of the tile are done); warpgroup 1 publishes its P (``xbar`` 3). Buffers are
-    released per half (``free``) as soon as their last reader is done."""
+    released per half (``free``) as soon as their last reader is done.
+
+    One work item (token, head group, split). ``qfree`` (persistent programs, :func:`_math_pp_persist`): q is
+    copied by the producer, and each warpgroup arrives on ``qfree`` once its last QK of the item is done; ``gp`` /
+    ``it``: the pairs and items this program ran before (the barriers' phases)."""
     BH: gl.constexpr = 64
     BN: gl.constexpr = 64
     DR: gl.constexpr = 64
@@ -616,13 +632,15 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    if WG == 0:
-        cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        _load_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, 512, DR, cp_l)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(xbar.index(4))  # q is in
-    mbarrier.wait(xbar.index(4), 0)
+    if qfree is None:
+        if WG == 0:
+            cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            _load_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, 512, DR,
+                    cp_l)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(xbar.index(4))  # q is in
+        mbarrier.wait(xbar.index(4), 0)
     p0_smem = k_rope_smem.index(0)  # P of tile 2p: over buffer 0's rope part
 
     m_run = gl.full([BH], float("-inf"), gl.float32, row_s)
@@ -630,7 +648,7 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
     acc = gl.zeros([BH, 256], gl.float32, o_layout)
     sc = gl.zeros([BH, BN], gl.float32, s_layout)  # (its values are never read: each QK overwrites it)
     for p in range(n_pairs):
-        ph = p & 1
+        ph = (gp + p) & 1
         # (z is 0: the buffers' and q's addresses are formed in the loop, so that the compiler does not hoist the
         # wgmma descriptors of every k-step out of it, which spilled them)
         z = p // (n_pairs + 1)
@@ -641,9 +659,9 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
         kn_other = k_nope_smem.index(1 - WG + z)
         if WG == 0:
             if p == 0:  # the first QK (later ones are issued at the end of the previous pair)
-                mbarrier.wait(ready.index(0), 0)
+                mbarrier.wait(ready.index(0), ph)
                 sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 0, True)
-                mbarrier.wait(ready.index(1), 0)
+                mbarrier.wait(ready.index(1), ph)
                 sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 1, False)
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         else:
@@ -652,6 +670,9 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
             mbarrier.wait(ready.index(2), ph)
             sc = _pp_qk(qn, qr, kn_own, kr_own, sc, 0, False)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        if qfree is not None:
+            if p == n_pairs - 1:  # this warpgroup's last QK of the item is done: the producer may copy the next q
+                _signal(qfree)
         valid_s, _ = _tile_rows(idx_row, start + (2 * p + WG) * BN, stop, S, BN, gl.SliceLayout(0, s_layout))
         sc = gl.where(valid_s[None, :], sc * sm_scale_log2, float("-inf"))
         m_prev = m_run
@@ -709,17 +730,91 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             _signal(free.index(1))  # 0R (and P of tile 2p with it)
 
-    # both row sums are relative to the same running max: add them through shared memory
-    l_smem.slice(WG * BH, BH).store(l_run)
-    _signal(xbar.index(5 + WG))
-    mbarrier.wait(xbar.index(6 - WG), 0)
-    l_tot = l_run + l_smem.slice((1 - WG) * BH, BH).load(row_s)
+    # both row sums are relative to the same running max: add them through shared memory (warpgroup 1 stores its
+    # sum only after reading warpgroup 0's, so that neither can run an item ahead of the other's read)
+    if WG == 0:
+        l_smem.slice(0, BH).store(l_run)
+        _signal(xbar.index(5))
+        mbarrier.wait(xbar.index(6), it & 1)
+        l_tot = l_run + l_smem.slice(BH, BH).load(row_s)
+    else:
+        mbarrier.wait(xbar.index(5), it & 1)
+        l_tot = l_run + l_smem.slice(0, BH).load(row_s)
+        l_smem.slice(BH, BH).store(l_run)
+        _signal(xbar.index(6))
     _epilogue(acc, l_tot, m_run, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
               h_q, BH, 256 * WG, 0, o_layout, HAS_SINK, SPLIT, WG == 1)
     if CLUSTER > 1:
         if WG == 1:  # the worker's part of the cluster barrier (after its partial stores)
             _cluster_barrier(4, False)
 
+
+
+@gluon.jit
+def _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, BH: gl.constexpr, HAS_LEN: gl.constexpr):
+    """Work item ``item`` of a persistent program (one group of ``BH`` heads of one token, the whole index list):
+    ``(t64, hg, idx_row, start, stop, n_tiles)``."""
+    t = item // gl.cdiv(h_q, BH)
+    t64 = t.to(gl.int64)
+    start, stop, n_tiles = _span(len_ptr, t, 0, topk, split_len, 64, HAS_LEN)
+    return t64, item % gl.cdiv(h_q, BH), idx_ptr + t64 * stride_it, start, stop, n_tiles
+
+
+@gluon.jit
+def _copy_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH: gl.constexpr,
+            cp_l: gl.constexpr):
+    """cp.async the head group's q rows into shared memory (heads past h_q zero-filled), as one group."""
+    offs_h = hg * BH + gl.arange(0, BH, gl.SliceLayout(1, cp_l))
+    row = q_ptr + t64 * stride_qt + gl.multiple_of(offs_h * stride_qh, 8)[:, None]
+    m = (offs_h < h_q)[:, None]
+    cols = gl.arange(0, 256, gl.SliceLayout(0, cp_l))
+    cp.async_copy_global_to_shared(q_nope_smem.slice(0, 256, dim=1), row + cols[None, :], mask=m)
+    cp.async_copy_global_to_shared(q_nope_smem.slice(256, 256, dim=1), row + 256 + cols[None, :], mask=m)
+    cp.async_copy_global_to_shared(q_rope_smem, row + 512 + gl.arange(0, 64, gl.SliceLayout(0, cp_l))[None, :],
+                                   mask=m)
+    cp.commit_group()
+
+
+@gluon.jit
+def _producer_pp_persist(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, ready, free, qfree, q_ptr, stride_qt,
+                         stride_qh, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_ptr, stride_it, len_ptr, T, h_q, S,
+                         topk, split_len, HAS_LEN: gl.constexpr, PW: gl.constexpr):
+    """Producer of a persistent ping-pong program: for each of its work items (``item = pid + k * programs``) the
+    item's q, copied once both math warpgroups have done their last QK of the previous item (``qfree``) and
+    issued before the item's first half tile (whose ``ready`` thus also covers q), then :func:`_producer_pp`."""
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+    gp = 0
+    qi = 0
+    for item in range(gl.program_id(0), T * gl.cdiv(h_q, 64), gl.num_programs(0)):
+        t64, hg, idx_row, start, stop, n_tiles = _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, 64,
+                                                       HAS_LEN)
+        n_pairs = (n_tiles + 1) // 2
+        if n_pairs > 0:  # (an empty item reads no q)
+            mbarrier.wait(qfree.index(0), (qi & 1) ^ 1)
+            _copy_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, 64, cp_l)
+            qi += 1
+        _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row,
+                     start, n_pairs, stop, S, gp, PW, 0)
+        gp += n_pairs
+
+
+@gluon.jit
+def _math_pp_persist(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                     qfree, q_ptr, stride_qt, stride_qh, idx_ptr, stride_it, len_ptr, sink_ptr, out_ptr, stride_ot,
+                     stride_oh, ml_ptr, lse_ptr, T, h_q, S, topk, split_len, sm_scale_log2, WG: gl.constexpr,
+                     HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Math warpgroup ``WG`` of a persistent ping-pong program: :func:`_math_pp` on each of its work items."""
+    gp = 0
+    it = 0
+    for item in range(gl.program_id(0), T * gl.cdiv(h_q, 64), gl.num_programs(0)):
+        t64, hg, idx_row, start, stop, n_tiles = _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, 64,
+                                                       HAS_LEN)
+        n_pairs = (n_tiles + 1) // 2
+        _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar, q_ptr,
+                 stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, 0, ml_ptr, lse_ptr, t64, hg, 0,
+                 T, h_q, S, start, stop, n_pairs, sm_scale_log2, WG, HAS_SINK, False, 0, gp, it, qfree)
+        gp += n_pairs
+        it += 1
 
 
 def _compile_with_cluster(src, *args, **kwargs):
@@ -792,7 +887,7 @@ def _sparse_mla_sm90_kernel(
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -829,18 +924,35 @@ def _sparse_mla_sm90_kernel(
             mbarrier.init(xbar.index(j), count=1)
         start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)  # (after the barriers' init:
         n_pairs = (n_tiles + 1) // 2  # the order the kernel was measured in)
-        gl.warp_specialize([
-            (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
-                        q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
-                        ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK,
-                        SPLIT, CLUSTER)),
-            (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
-                        q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
-                        ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK,
-                        SPLIT, CLUSTER)),
-            (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
-                            idx_row, start, n_pairs, stop, S, PRODUCER_WARPS, CLUSTER)),
-        ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+        if PERSIST:
+            qfree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(qfree.index(0), count=2)
+            gl.warp_specialize([
+                (_math_pp_persist, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready,
+                                    free, xbar, qfree.index(0), q_ptr, stride_qt, stride_qh, idx_ptr, stride_it,
+                                    len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, ml_ptr, lse_ptr, T, h_q, S, topk,
+                                    split_len, sm_scale_log2, 0, HAS_LEN, HAS_SINK)),
+                (_math_pp_persist, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready,
+                                    free, xbar, qfree.index(0), q_ptr, stride_qt, stride_qh, idx_ptr, stride_it,
+                                    len_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, ml_ptr, lse_ptr, T, h_q, S, topk,
+                                    split_len, sm_scale_log2, 1, HAS_LEN, HAS_SINK)),
+                (_producer_pp_persist, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, ready, free, qfree, q_ptr,
+                                        stride_qt, stride_qh, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_ptr,
+                                        stride_it, len_ptr, T, h_q, S, topk, split_len, HAS_LEN, PRODUCER_WARPS)),
+            ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                            q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
+                            ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 0, HAS_SINK,
+                            SPLIT, CLUSTER)),
+                (_math_pp, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar,
+                            q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
+                            ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_pairs, sm_scale_log2, 1, HAS_SINK,
+                            SPLIT, CLUSTER)),
+                (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
+                                idx_row, start, n_pairs, stop, S, 0, PRODUCER_WARPS, CLUSTER)),
+            ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
     else:
         q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
         q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
@@ -934,14 +1046,15 @@ def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None, cluster=0, final=None):
+           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
     :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
     (64-head groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
-    fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``."""
+    fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
+    :data:`PERSIST`): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs instead."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -956,12 +1069,16 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
     prod = producer_config(is_fp8, block_h, pp, producer)
+    persist = (pp and not split and cluster == 0 and num_sms > 0 and (PERSIST if persist is None else persist)
+               and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and q.stride(2) == 1)
+    if persist:
+        grid = (min(grid[0], num_sms), 1)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
