@@ -1,6 +1,7 @@
 """Persistent ping-pong programs (``kernel_sm90.PERSIST``: one program per SM walking the (token, 64-head group)
 items, the next item's q and first tiles copied while the last one finishes) against one program per item, in
-interleaved rounds, on the unsplit bf16 sparse-MLA launches (prefill). Reports the largest difference between the
+interleaved rounds, on the unsplit bf16 sparse-MLA launches (prefill; the library takes them for h_q > 64 only, here
+both variants are forced with ``config=dict(persist=...)``). Reports the largest difference between the
 variants (0: bitwise equal) and the ``do_bench`` medians; with SECONDS > 0 also each variant run back to back for
 that long while ``nvidia-smi`` samples the SM clock (both are power-capped on the H200, so a faster kernel can run
 at a lower clock). CASES: a comma-separated subset of the case names. H200.
@@ -17,8 +18,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
-from dsa.mla import kernel_sm90 as K  # noqa: E402
-from dsa.mla import sparse_mla  # noqa: E402
+from dsa.mla.kernel import sparse_mla_triton  # noqa: E402
 from power_probe import fields  # noqa: E402
 
 VARIANTS = {"per item": False, "persistent": True}
@@ -58,7 +58,6 @@ def clock(fn, secs):
 
 
 def main():
-    saved = K.PERSIST
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     secs = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     only = sys.argv[3].split(",") if len(sys.argv) > 3 else None
@@ -72,14 +71,14 @@ def main():
         valid = float(tl_.sum()) if causal else float(T * topk)
         flops = 2 * h_q * valid * (576 + 512)
         out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device="cuda")
+        flat = kv.reshape(-1, kv.shape[-1])
 
-        def fn():
-            return sparse_mla(q, kv, idx, sm, topk_length=tl_, out=out, backend="triton")
+        def fn(p):
+            return sparse_mla_triton(q, flat, idx, sm, 512, None, tl_, out, config=dict(persist=p))
         res = {}
         for n, v in VARIANTS.items():
-            K.PERSIST = v
             out.fill_(float("nan"))
-            _, ml, lse = fn()
+            _, ml, lse = fn(v)
             torch.cuda.synchronize()
             res[n] = (out.clone(), ml.clone(), lse.clone())
         a, b = res.values()
@@ -87,19 +86,16 @@ def main():
         times = {n: [] for n in VARIANTS}
         for _ in range(rounds):
             for n, v in VARIANTS.items():
-                K.PERSIST = v
-                times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
+                times[n].append(do_bench(lambda: fn(v), warmup=20, rep=200, return_mode="median") * 1e3)
         clocks = {}
         if secs > 0:
             for n, v in VARIANTS.items():
-                K.PERSIST = v
-                clocks[n] = clock(fn, secs)
+                clocks[n] = clock(lambda: fn(v), secs)
         rows.append((name, d, flops, times, clocks))
         print(name, f"diff {d:.3g}", {k: [round(t, 1) for t in ts] for k, ts in times.items()},
               {k: f"{ms * 1e3:.0f} us at {mhz:.0f} MHz" for k, (ms, mhz) in clocks.items()}, flush=True)
-        q = kv = idx = out = res = None
+        q = kv = flat = idx = out = res = None
         torch.cuda.empty_cache()
-    K.PERSIST = saved
     print(f"\n{'case':<22}{'diff':>6}  " + "".join(f"{n + ' µs (TFLOP/s)':<34}" for n in VARIANTS))
     for name, d, flops, t, _ in rows:
         med = {n: sorted(t[n])[len(t[n]) // 2] for n in VARIANTS}

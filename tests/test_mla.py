@@ -616,6 +616,30 @@ def test_gpu_sm90_pingpong_persistent(case, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_sm90_persistent_default(monkeypatch):
+    """Which launches take persistent programs by default: unsplit ping-pong launches with two or more 64-head groups
+    per token (h_q > 64), not h_q 64, not split ones."""
+    kernel_sm90 = _sm90_or_skip()
+    real, launched = kernel_sm90._sparse_mla_sm90_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **k: (launched.append((tuple(grid), k["PERSIST"])), real[grid](*a, **k))[1]
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    for H, splits, want in [(128, 1, ((sms, 1), True)), (96, 1, ((sms, 1), True)), (64, 1, ((200, 1), False)),
+                            (128, 2, ((400, 2), False))]:
+        q, kv, idx, sm, _, _ = make_case(200, H, 256, 1000, "bf16", seed=H + splits)
+        got = sparse_mla_triton(q, kv, idx, sm, D_V, num_splits=splits)
+        assert launched[-1] == want, (H, splits, launched[-1])
+        assert_matches(got, sparse_mla_ref(q, kv, idx, sm), max_abs_v(kv, idx, 1000), f"h_q {H} splits {splits}")
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_pingpong_refuses_fp8():
     """Asking for the ping-pong schedule where it does not serve (the fp8_ds_mla cache) is an error, not a
     silent fallback."""

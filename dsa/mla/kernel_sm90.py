@@ -24,8 +24,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   publishes its max, warpgroup 1 folds it into its own and publishes the pair's max, warpgroup 0 rescales its
   P and accumulator to it). Each buffer is released in halves (values ``[0, 256)``; the rest and the rope
   part) as soon as their last reader is done, so the producer (:func:`_producer_pp`) refills one half while
-  the other is still read: two buffers suffice. Unsplit launches (prefill) run persistent programs, one per SM
-  (``PERSIST``): each walks its (token, head group) items, and its producer copies the next item's q (once both
+  the other is still read: two buffers suffice. Unsplit launches (prefill) with h_q > 64 run persistent programs,
+  one per SM (``PERSIST``): each walks its (token, head group) items, and its producer copies the next item's q (once both
   math warpgroups are past their last QK) and first tiles while the last item's P.V and output run.
 * 64-head groups over the fp8_ds_mla cache (:func:`_math_64`, two math warpgroups sharing each tile; also
   bf16 with ``pingpong=False``): QK ``S [64 heads, 64 rows]`` with ``warps_per_cta=[4, 2]``, each warpgroup
@@ -130,12 +130,12 @@ LAZY_TAU = gl.constexpr(8.0)
 #: no spills at these, sm_90 compile)
 PINGPONG = True
 PRODUCER_PP = dict(regs=56, math_regs=208)
-#: unsplit ping-pong launches (prefill) run one persistent program per SM over the work items, (token, 64-head
-#: group) pairs (``PERSIST``: :func:`_math_pp_persist`, :func:`_producer_pp_persist`): the next item's q and first
-#: tiles are copied by the producer while the last item's P.V and output run. H200, bf16 prefill, 4096 tokens x
-#: topk 2048, do_bench medians of 5 interleaved rounds in three runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 ->
-#: 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; h_q 64 +2.0,
-#: +1.9, -2.2%.
+#: unsplit ping-pong launches (prefill) with two or more 64-head groups per token (h_q > 64) run one persistent
+#: program per SM over the work items, (token, head group) pairs (``PERSIST``: :func:`_math_pp_persist`,
+#: :func:`_producer_pp_persist`): the next item's q and first tiles are copied by the producer while the last item's
+#: P.V and output run. H200, bf16 prefill, 4096 tokens x topk 2048, do_bench medians of 3-5 interleaved rounds in five
+#: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
+#: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
 
 
@@ -1054,7 +1054,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
-    :data:`PERSIST`): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs instead."""
+    :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
+    instead."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -1069,7 +1070,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
     prod = producer_config(is_fp8, block_h, pp, producer)
-    persist = (pp and not split and cluster == 0 and num_sms > 0 and (PERSIST if persist is None else persist)
+    if persist is None:
+        persist = PERSIST and h_q > BLOCK_H
+    persist = (persist and pp and not split and cluster == 0 and num_sms > 0
                and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and q.stride(2) == 1)
     if persist:
         grid = (min(grid[0], num_sms), 1)
