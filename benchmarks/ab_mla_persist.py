@@ -19,7 +19,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
 from dsa.mla.kernel import sparse_mla_triton  # noqa: E402
-from power_probe import fields  # noqa: E402
+from power_probe import fields, sampled  # noqa: E402
 
 VARIANTS = {"per item": False, "persistent": True}
 # (name, T, h_q, topk, num_req, s_kv, format, causal): causal = topk_length min(t + 1, topk), a prefill from position 0
@@ -31,30 +31,15 @@ CASES += [("prefill h128 T1024", 1024, 128, 2048, 1, 131072, "bf16", False),
 def clock(fn, secs):
     """ms per launch and the median SM clock (MHz) with ``fn`` run back to back for ``secs`` seconds."""
     import statistics
-    import subprocess
-    import time
 
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields()}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(0.3)
-    n, t0 = 0, time.perf_counter()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    while time.perf_counter() - t0 < secs:
-        for _ in range(5):
-            fn()
-        n += 5
-        torch.cuda.synchronize()
-    end.record()
-    torch.cuda.synchronize()
-    smi.terminate()
+    ms, text = sampled(fn, secs, fields(), per_sync=5)
     mhz = []
-    for line in smi.communicate()[0].splitlines():
+    for line in text.splitlines():
         try:
             mhz.append(float(line.split(",")[0]))
         except ValueError:
             pass
-    return start.elapsed_time(end) / n, statistics.median(mhz[len(mhz) // 5:]) if mhz else float("nan")
+    return ms, statistics.median(mhz[len(mhz) // 5:]) if mhz else float("nan")
 
 
 def main():

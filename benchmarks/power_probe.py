@@ -59,6 +59,26 @@ def cases():
     yield "torch fp8 matmul 8192^3", lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
 
 
+def sampled(fn, secs, query, per_sync=10):
+    """Run ``fn`` back to back for ``secs`` seconds (``per_sync`` launches between host syncs) while ``nvidia-smi``
+    samples ``query`` every 50 ms: ``(ms per launch, nvidia-smi's output)``."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "50"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.3)
+    n, t0 = 0, time.perf_counter()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while time.perf_counter() - t0 < secs:
+        for _ in range(per_sync):
+            fn()
+        n += per_sync
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    smi.terminate()
+    return start.elapsed_time(end) / n, smi.communicate()[0]
+
+
 def main():
     secs = float(sys.argv[1]) if len(sys.argv) > 1 else 4.0
     rows = []
@@ -67,21 +87,7 @@ def main():
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "50"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(0.3)
-        n, t0 = 0, time.perf_counter()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        while time.perf_counter() - t0 < secs:
-            for _ in range(10):
-                fn()
-            n += 10
-            torch.cuda.synchronize()
-        end.record()
-        torch.cuda.synchronize()
-        smi.terminate()
-        text = smi.communicate()[0]
+        ms, text = sampled(fn, secs, query)
         samples = []
         for line in text.splitlines():
             parts = [p.strip() for p in line.split(",")]
@@ -94,7 +100,7 @@ def main():
         if not keep:
             print(name, "no nvidia-smi samples:", text[:300])
             continue
-        row = (name, start.elapsed_time(end) / n, statistics.median(s[0] for s in keep),
+        row = (name, ms, statistics.median(s[0] for s in keep),
                statistics.median(s[1] for s in keep), keep[0][2], max(s[3] for s in keep),
                100 * sum(s[4] == "Active" for s in keep) / len(keep), len(keep))
         rows.append(row)

@@ -569,6 +569,22 @@ def test_gpu_sm90_pingpong(case, monkeypatch):
     assert _check_sm90_case(case, "bf16", dict(pingpong=True), "pingpong", monkeypatch) == [True, True]
 
 
+def _record_grids(monkeypatch) -> list:
+    """Wrap the Hopper kernel so that every launch appends ``(grid, PERSIST)``; returns that list."""
+    kernel_sm90 = _sm90_or_skip()
+    real, launched = kernel_sm90._sparse_mla_sm90_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **k: (launched.append((tuple(grid), k["PERSIST"])), real[grid](*a, **k))[1]
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    return launched
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
     # 600 items over the SMs' programs (not a multiple of them), ragged lengths, empty items (length 0: no q copy)
@@ -582,17 +598,7 @@ def test_gpu_sm90_pingpong_persistent(case, monkeypatch):
     the producer while the previous item finishes) against the reference and the Triton kernel (tails, head masks,
     topk_length with empty items, sink, invalid entries, NaN in unused slots, poisoned out, bitwise reruns), bitwise
     equal to one program per item, and the launch really ran min(items, SMs) persistent programs."""
-    kernel_sm90 = _sm90_or_skip()
-    real, launched = kernel_sm90._sparse_mla_sm90_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *a, **k: (launched.append((tuple(grid), k["PERSIST"])), real[grid](*a, **k))[1]
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    launched = _record_grids(monkeypatch)
     case = dict(case, splits=1)  # (few items would otherwise be split, and split launches are not persistent)
     base = dict(pingpong=True)
     assert _check_sm90_case(case, "bf16", dict(base, persist=True), "persist", monkeypatch) == [True, True]
@@ -619,17 +625,7 @@ def test_gpu_sm90_pingpong_persistent(case, monkeypatch):
 def test_gpu_sm90_persistent_default(monkeypatch):
     """Which launches take persistent programs by default: unsplit ping-pong launches with two or more 64-head groups
     per token (h_q > 64), not h_q 64, not split ones."""
-    kernel_sm90 = _sm90_or_skip()
-    real, launched = kernel_sm90._sparse_mla_sm90_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *a, **k: (launched.append((tuple(grid), k["PERSIST"])), real[grid](*a, **k))[1]
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    launched = _record_grids(monkeypatch)
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     for H, splits, want in [(128, 1, ((sms, 1), True)), (96, 1, ((sms, 1), True)), (64, 1, ((200, 1), False)),
                             (128, 2, ((400, 2), False))]:
@@ -637,6 +633,25 @@ def test_gpu_sm90_persistent_default(monkeypatch):
         got = sparse_mla_triton(q, kv, idx, sm, D_V, num_splits=splits)
         assert launched[-1] == want, (H, splits, launched[-1])
         assert_matches(got, sparse_mla_ref(q, kv, idx, sm), max_abs_v(kv, idx, 1000), f"h_q {H} splits {splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width,persist", [(584, True), (580, False)])
+def test_gpu_sm90_persistent_strided_q(width, persist, monkeypatch):
+    """q viewed out of a wider tensor: rows on 16-byte boundaries whose strides are not multiples of 16 elements
+    (584: the persistent programs copy q in 16-byte pieces without the compiler's divisibility hint) and rows that
+    are not (580: one program per item, which loads q without ``cp.async``). Against the reference, poisoned out."""
+    launched = _record_grids(monkeypatch)
+    T, H, topk, S = 150, 128, 300, 2000
+    q0, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "bf16", seed=width, with_len=True, with_sink=True)
+    q_big = poison_(torch.empty(T, H + 1, width, dtype=torch.bfloat16, device=DEVICE))
+    q = q_big[:, 1:, :D_QK]
+    q.copy_(q0)
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
+    got = sparse_mla_triton(q, kv, idx, sm, D_V, sink, tl_, out, num_splits=1)
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    assert launched[-1] == (((sms, 1), True) if persist else ((2 * T, 1), False)), launched[-1]
+    assert_matches(got, sparse_mla_ref(q0, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S))
 
 
 @pytest.mark.gpu

@@ -751,21 +751,21 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
 
 
 @gluon.jit
-def _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, BH: gl.constexpr, HAS_LEN: gl.constexpr):
-    """Work item ``item`` of a persistent program (one group of ``BH`` heads of one token, the whole index list):
-    ``(t64, hg, idx_row, start, stop, n_tiles)``."""
-    t = item // gl.cdiv(h_q, BH)
+def _pp_item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, HAS_LEN: gl.constexpr):
+    """Work item ``item`` of a persistent ping-pong program (one 64-head group of one token, the whole index list):
+    ``(t64, hg, idx_row, start, stop, n_pairs)``."""
+    t = item // gl.cdiv(h_q, 64)
     t64 = t.to(gl.int64)
     start, stop, n_tiles = _span(len_ptr, t, 0, topk, split_len, 64, HAS_LEN)
-    return t64, item % gl.cdiv(h_q, BH), idx_ptr + t64 * stride_it, start, stop, n_tiles
+    return t64, item % gl.cdiv(h_q, 64), idx_ptr + t64 * stride_it, start, stop, (n_tiles + 1) // 2
 
 
 @gluon.jit
-def _copy_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH: gl.constexpr,
-            cp_l: gl.constexpr):
-    """cp.async the head group's q rows into shared memory (heads past h_q zero-filled), as one group."""
-    offs_h = hg * BH + gl.arange(0, BH, gl.SliceLayout(1, cp_l))
-    row = q_ptr + t64 * stride_qt + gl.multiple_of(offs_h * stride_qh, 8)[:, None]
+def _pp_copy_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, cp_l: gl.constexpr):
+    """cp.async the 64-head group's q rows into shared memory (heads past h_q zero-filled), as one group. The
+    launcher checks that the rows start on 16-byte boundaries (strides multiples of 8 elements)."""
+    offs_h = hg * 64 + gl.arange(0, 64, gl.SliceLayout(1, cp_l))
+    row = q_ptr + gl.multiple_of(t64 * stride_qt + offs_h.to(gl.int64) * stride_qh, 8)[:, None]
     m = (offs_h < h_q)[:, None]
     cols = gl.arange(0, 256, gl.SliceLayout(0, cp_l))
     cp.async_copy_global_to_shared(q_nope_smem.slice(0, 256, dim=1), row + cols[None, :], mask=m)
@@ -786,12 +786,11 @@ def _producer_pp_persist(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, rea
     gp = 0
     qi = 0
     for item in range(gl.program_id(0), T * gl.cdiv(h_q, 64), gl.num_programs(0)):
-        t64, hg, idx_row, start, stop, n_tiles = _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, 64,
-                                                       HAS_LEN)
-        n_pairs = (n_tiles + 1) // 2
+        t64, hg, idx_row, start, stop, n_pairs = _pp_item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len,
+                                                          HAS_LEN)
         if n_pairs > 0:  # (an empty item reads no q)
             mbarrier.wait(qfree.index(0), (qi & 1) ^ 1)
-            _copy_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, 64, cp_l)
+            _pp_copy_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, cp_l)
             qi += 1
         _producer_pp(k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope, idx_row,
                      start, n_pairs, stop, S, gp, PW, 0)
@@ -807,9 +806,8 @@ def _math_pp_persist(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem
     gp = 0
     it = 0
     for item in range(gl.program_id(0), T * gl.cdiv(h_q, 64), gl.num_programs(0)):
-        t64, hg, idx_row, start, stop, n_tiles = _item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len, 64,
-                                                       HAS_LEN)
-        n_pairs = (n_tiles + 1) // 2
+        t64, hg, idx_row, start, stop, n_pairs = _pp_item(item, h_q, idx_ptr, stride_it, len_ptr, topk, split_len,
+                                                          HAS_LEN)
         _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem, l_smem, ready, free, xbar, q_ptr,
                  stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, 0, ml_ptr, lse_ptr, t64, hg, 0,
                  T, h_q, S, start, stop, n_pairs, sm_scale_log2, WG, HAS_SINK, False, 0, gp, it, qfree)
