@@ -410,7 +410,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     overrides entries of :func:`default_config` (tests and benchmarks only; ``gluon=False`` keeps the
     portable Triton kernel where :mod:`dsa.mla.kernel_sm90` would serve the call; ``producer=`` overrides
     that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``pingpong=True/False`` picks its ping-pong
-    schedule for 64-head groups over the bf16 cache or not; ``cluster=False`` keeps the merge kernel after its
+    schedule for 64-head groups over the bf16 cache or not; ``persist=True/False`` runs an unsplit ping-pong launch as
+    persistent programs, one per SM, or one program per item (default: :data:`~dsa.mla.kernel_sm90.PERSIST` for
+    h_q > 64); ``cluster=False`` keeps the merge kernel after its
     split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
     ``rows=True`` with a
     16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
