@@ -6,11 +6,13 @@ import triton.language as tl
 
 
 @triton.jit
-def row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr):
+def row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, m_top=None):
     """From the running sum ``l_i`` and max ``m_i`` (log2 units) of each head row: ``(inv, lse, max_logits)``,
     ``out = acc * inv``. ``SPLIT``: a split partial, lse and max in log2 units, ``-inf`` (and ``inv`` 0) when the
     chunk had no valid entry. Else the final values: natural-log lse (without the sink; the sink only enters
-    the denominator), ``+inf`` lse / ``-inf`` max and out 0 for a row with no valid entry."""
+    the denominator), ``+inf`` lse / ``-inf`` max and out 0 for a row with no valid entry. ``m_top``: the true
+    running max, for max_logits, when ``m_i`` is only the reference the sums were taken against (``-inf`` for a
+    row with no valid entry)."""
     LN2: tl.constexpr = 0.6931471805599453
     LOG2E: tl.constexpr = 1.4426950408889634
     empty = l_i == 0.0  # l_i >= 1 as soon as one entry is valid
@@ -27,6 +29,8 @@ def row_stats(l_i, m_i, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SPLIT: 
         inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, denom))
         lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
         ml = tl.where(empty, float("-inf"), m_i * LN2)
+    if m_top is not None:
+        ml = m_top if SPLIT else tl.where(m_top == float("-inf"), float("-inf"), m_top * LN2)
     return inv, lse, ml
 
 

@@ -271,14 +271,10 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
     offs_h = hg * BH + gl.arange(0, BH, head_l)
     hmask = offs_h < h_q
     offs_d = D0 + gl.arange(0, DW, gl.SliceLayout(HEAD_AXIS, o_layout))
-    inv, lse, ml = row_stats(gl.convert_layout(l_i, head_l), gl.convert_layout(m_i, head_l), sink_ptr, offs_h, hmask,
-                             HAS_SINK, SPLIT)
     if m_top is not None:
-        mt = gl.convert_layout(m_top, head_l)
-        if SPLIT:
-            ml = mt
-        else:
-            ml = gl.where(mt == float("-inf"), float("-inf"), mt * 0.6931471805599453)
+        m_top = gl.convert_layout(m_top, head_l)
+    inv, lse, ml = row_stats(gl.convert_layout(l_i, head_l), gl.convert_layout(m_i, head_l), sink_ptr, offs_h, hmask,
+                             HAS_SINK, SPLIT, m_top)
     mask = gl.expand_dims(hmask, 1 - HEAD_AXIS)
     cols = gl.expand_dims(offs_d, HEAD_AXIS)
     if SPLIT:
