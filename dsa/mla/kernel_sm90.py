@@ -80,7 +80,13 @@ on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the prod
 and loading nothing; 29.1 with the math warps alone. Nsight Compute finds no unit near its peak (DRAM 46%, L2 62%,
 L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs between the partitions. A clock
 trace (branch ``mla-trace``) puts both sides at about 3,700 clocks per tile: the math warpgroup's tile, and a
-producer warpgroup's fill from a free buffer to ``full``; with two buffers neither can run ahead.
+producer warpgroup's fill from a free buffer to ``full``; with two buffers neither can run ahead. Counted per 64-row
+tile, this dataflow moves about 290 KB through the SM's shared-memory path (128 bytes per clock): the raw rows through
+L1, the bf16 tile stored, and both products' operands (an m64n16k16 wgmma with A in shared memory takes 21.6 clocks,
+37% of the tensor peak: ``benchmarks/mma_small_n.py``). That is about 2,260 clocks, as long as the tile's share of
+DRAM at 4.3 TB/s, and 61% of the 3,700 (Nsight's 69%); the 70% goal (28.6 us) would need that path 85% busy.
+Closing it takes a kernel whose math warps convert the raw rows into register operands (A in registers: 14.7 clocks),
+with no bf16 tile in shared memory.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
