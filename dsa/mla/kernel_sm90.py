@@ -88,7 +88,8 @@ DRAM at 4.3 TB/s, and 61% of the 3,700 (Nsight's 69%); the 70% goal (28.6 us) wo
 Closing it takes a kernel whose math warps convert the raw rows into register operands (A in registers: 14.7 clocks),
 with no bf16 tile in shared memory. A prototype of that (branch ``mla-rs``: inline-PTX dequantisation on 32-bit words,
 renamed into the A layout at no cost) is correct and, without its row loads, faster than this kernel (39.1 against
-41.6 us at batch 64); with them it is 63-69 us: loads into the math warps' own registers leave their latency exposed.
+41.6 us at batch 64); with them it took 63-70 us, whether the rows came through the math warps' own registers or
+through a cp.async loader warpgroup. The cause is not found.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
