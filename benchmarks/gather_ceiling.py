@@ -1,7 +1,7 @@
 """How fast can a kernel only READ the caches the way the decode indexer and sparse MLA read them?
 
     python benchmarks/gather_ceiling.py            # both
-    python benchmarks/gather_ceiling.py indexer    # or: mla
+    python benchmarks/gather_ceiling.py indexer    # or: mla, or: sizes
 
 The decode logits goal counts 132 bytes per key. With block size 1 every key is its own
 132-byte block at a 4-byte-aligned address anywhere in the cache, so the DRAM sectors it
@@ -19,6 +19,12 @@ fp8_ds_mla rows: 656 bytes), writing 4 bytes per row. Shapes: the prefill goal's
 2048 random rows of a 128K-row bf16 cache: 9.7 GB gathered, 151 MB distinct) and the fp8 decode
 goals' (64 and 256 tokens x 2048 rows of their own request's 32K rows). Its GB/s bounds any
 kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs.
+
+Row sizes (``sizes``): what reading rows of one size at random places costs, the question behind both
+small-record goals: the indexer's block-1 keys (132 bytes) and the fp8_ds_mla rows of small-head decode (656
+bytes). Rows of 128-8448 bytes lie back to back in a 1.4 GB buffer (the decode caches' size); 131,072 or 524,288
+of them (batch 64 or 256 x 2048) are read at uniformly random row ids, and, as the baseline, in order. Each
+program reads a tile of rows (16-byte loads wherever the row size allows) and stores 4 bytes per row.
 """
 from __future__ import annotations
 
@@ -128,6 +134,53 @@ def main_mla():
         print(f"{name:<26} {kern:<40} {ms:8.4f} {gbs:7.0f} {100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%")
 
 
+@triton.jit
+def _rows_touch_kernel(buf_ptr, idx_ptr, out_ptr, n, W: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+                       W3: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows of ``W`` 32-bit words, back to back: entry ``i`` reads row ``idx[i]`` as W1 + W2 + W3 words (powers of
+    two, 0: none) and stores the wrapping sum of its words."""
+    offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.load(idx_ptr + offs, mask=offs < n, other=0).to(tl.int64)
+    ptr = buf_ptr + (row * W)[:, None]
+    m = (offs < n)[:, None]
+    v = tl.sum(tl.load(ptr + tl.arange(0, W1)[None, :], mask=m, other=0), axis=1)
+    if W2 > 0:
+        v += tl.sum(tl.load(ptr + W1 + tl.arange(0, W2)[None, :], mask=m, other=0), axis=1)
+    if W3 > 0:
+        v += tl.sum(tl.load(ptr + W1 + W2 + tl.arange(0, W3)[None, :], mask=m, other=0), axis=1)
+    tl.store(out_ptr + offs, v, mask=offs < n)
+
+
+def rows_touch(buf, idx, out, row_bytes, block_n=64):
+    """``buf`` int32 words holding rows of ``row_bytes`` (a multiple of 4) back to back; ``idx`` int32 row ids;
+    ``out`` int32 [len(idx)]: each row's wrapping word sum."""
+    w = row_bytes // 4
+    parts = [1 << b for b in range(w.bit_length() - 1, -1, -1) if w >> b & 1] + [0, 0]
+    assert sum(parts[:3]) == w, f"{row_bytes} bytes: more than three power-of-two parts"
+    _rows_touch_kernel[(triton.cdiv(idx.numel(), block_n), )](buf, idx, out, idx.numel(), W=w, W1=parts[0],
+                                                               W2=parts[1], W3=parts[2], BLOCK_N=block_n,
+                                                               num_warps=4)
+
+
+def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288)):
+    dev = "cuda"
+    buf = torch.randint(-2**31, 2**31 - 1, (buffer_bytes // 4, ), dtype=torch.int32, device=dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    print(f"{'row bytes':>9} {'rows read':>10} {'order':<8} {'µs':>9} {'GB/s':>7} {'% of copy':>9}")
+    for row_bytes in (128, 132, 256, 512, 656, 1152, 8448):
+        n_rows = buffer_bytes // row_bytes
+        for count in counts:
+            out = torch.empty(count, dtype=torch.int32, device=dev)
+            for order, idx in (("random", torch.randint(0, n_rows, (count, ), generator=g, device=dev)),
+                               ("in order", torch.arange(count, device=dev) % n_rows)):
+                idx = idx.to(torch.int32)
+                best = min(triton.testing.do_bench(lambda: rows_touch(buf, idx, out, row_bytes, bn), warmup=25,
+                                                   rep=100, return_mode="median") for bn in (32, 64, 128))
+                gbs = count * row_bytes / best / 1e6
+                print(f"{row_bytes:9d} {count:10d} {order:<8} {best * 1e3:9.1f} {gbs:7.0f} "
+                      f"{100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%", flush=True)
+
+
 def main():
     dev = "cuda"
     rows = []
@@ -161,3 +214,5 @@ if __name__ == "__main__":
         main()
     if which in ("both", "mla"):
         main_mla()
+    if which == "sizes":
+        main_sizes()
