@@ -18,7 +18,10 @@ rows, as ``sparse_mla`` does, and only sums each row's 32-bit words (bf16 rows: 
 fp8_ds_mla rows: 656 bytes), writing 4 bytes per row. Shapes: the prefill goal's (4096 tokens x
 2048 random rows of a 128K-row bf16 cache: 9.7 GB gathered, 151 MB distinct) and the fp8 decode
 goals' (64 and 256 tokens x 2048 rows of their own request's 32K rows). Its GB/s bounds any
-kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs.
+kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs. (Since 31baf44 the
+row stride is a compile-time constant, so fp8 rows are read in 16-byte pieces; before, the 656-byte stride was a
+runtime argument, not a multiple of 16, and every word was its own 4-byte load, sm_90 compile: the 2.0 TB/s it
+measured for fp8 rows is a bound on that walk only.)
 
 Row sizes (``sizes``): what reading rows of one size at random places costs, the question behind both
 small-record goals: the indexer's block-1 keys (132 bytes) and the fp8_ds_mla rows of small-head decode (656
@@ -75,10 +78,11 @@ def touch(blocks, ctx, bt, max_len, out, block_n=64, span=1024):
 
 
 @triton.jit
-def _mla_touch_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_kv, stride_it, stride_o,
-                      WA: tl.constexpr, WB: tl.constexpr, WC: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Per gathered row: the sum of its 32-bit words, read as WA + WB + WC words (WB = 0: none);
-    program (t, c) walks entries [c * chunk, (c + 1) * chunk) of token t's list."""
+def _rows_sum_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, stride_o, W: tl.constexpr,
+                     W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Per gathered row (rows of ``W`` 32-bit words, back to back): the wrapping sum of its words, read as W1 + W2
+    + W3 words (powers of two, 0: none; 16-byte loads wherever ``W`` allows, since it is a compile-time stride);
+    program (t, c) walks entries [c * chunk, (c + 1) * chunk) of list t; entries < 0 or >= S read nothing."""
     t = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * chunk
     offs_n = tl.arange(0, BLOCK_N)
@@ -86,25 +90,28 @@ def _mla_touch_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_kv, strid
         n = n0 + offs_n
         idx = tl.load(idx_ptr + t * stride_it + n, mask=n < topk, other=-1)
         ok = (idx >= 0) & (idx < S)
-        row = kv_ptr + tl.where(ok, idx, 0).to(tl.int64)[:, None] * stride_kv
-        v = tl.sum(tl.load(row + tl.arange(0, WA)[None, :], mask=ok[:, None], other=0), axis=1)
-        if WB > 0:
-            v += tl.sum(tl.load(row + WA + tl.arange(0, WB)[None, :], mask=ok[:, None], other=0), axis=1)
-        v += tl.sum(tl.load(row + WA + WB + tl.arange(0, WC)[None, :], mask=ok[:, None], other=0), axis=1)
+        row = kv_ptr + (tl.where(ok, idx, 0).to(tl.int64) * W)[:, None]
+        m = ok[:, None]
+        v = tl.sum(tl.load(row + tl.arange(0, W1)[None, :], mask=m, other=0), axis=1)
+        if W2 > 0:
+            v += tl.sum(tl.load(row + W1 + tl.arange(0, W2)[None, :], mask=m, other=0), axis=1)
+        if W3 > 0:
+            v += tl.sum(tl.load(row + W1 + W2 + tl.arange(0, W3)[None, :], mask=m, other=0), axis=1)
         tl.store(out_ptr + t * stride_o + n, v, mask=n < topk)
 
 
-def mla_touch(kv, idx, out, block_n=64, num_stages=3, splits=1):
-    """``kv`` [S, 576] bf16 or [S, 656] uint8 rows; ``idx`` [T, topk] int32 (invalid: < 0 or >= S);
-    ``out`` [T, topk] int32: per row the wrapping sum of its 32-bit words (0 for invalid entries).
-    ``splits`` programs per token, each walking one chunk of its list (as sparse_mla's split-K)."""
-    words = kv.view(torch.int32)
-    wa, wb, wc = (256, 0, 32) if kv.dtype == torch.bfloat16 else (128, 4, 32)
-    assert words.shape[1] == wa + wb + wc
+def rows_sum(words, idx, out, block_n=64, splits=1, num_stages=3):
+    """``words`` [S, W] int32 rows (contiguous); ``idx`` [T, topk] int32 row ids (invalid: < 0 or >= S); ``out``
+    [T, topk] int32: each row's wrapping word sum (0 for invalid entries). ``splits`` programs per list, each
+    walking one chunk of it (as sparse_mla's split-K)."""
+    S, w = words.shape
+    assert words.stride(0) == w
+    parts = [1 << b for b in range(w.bit_length() - 1, -1, -1) if w >> b & 1] + [0, 0]
+    assert sum(parts[:3]) == w, f"rows of {w} words: more than three power-of-two parts"
     topk = idx.shape[1]
     chunk = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
-    _mla_touch_kernel[(idx.shape[0], triton.cdiv(topk, chunk))](
-        words, idx, out, kv.shape[0], topk, chunk, words.stride(0), idx.stride(0), out.stride(0), WA=wa, WB=wb, WC=wc,
+    _rows_sum_kernel[(idx.shape[0], triton.cdiv(topk, chunk))](
+        words, idx, out, S, topk, chunk, idx.stride(0), out.stride(0), W=w, W1=parts[0], W2=parts[1], W3=parts[2],
         BLOCK_N=block_n, num_warps=4, num_stages=num_stages)
 
 
@@ -120,11 +127,12 @@ def main_mla():
     for name, (T, topk, nreq, s_kv, fmt, split_list) in cases.items():
         _, kv, idx = mla_inputs(T, 16, topk, nreq, s_kv, fmt, dev=dev)
         flat = kv.reshape(-1, kv.shape[-1])
+        words = flat.view(torch.int32)
         out = torch.empty(T, topk, dtype=torch.int32, device=dev)
         nbytes = float(T * topk * flat.shape[1] * flat.element_size())
         best = None
         for (bn, st), sp in itertools.product(((64, 3), (64, 1), (32, 2), (16, 3)), split_list):
-            ms = triton.testing.do_bench(lambda: mla_touch(flat, idx, out, bn, st, sp), warmup=25, rep=100,
+            ms = triton.testing.do_bench(lambda: rows_sum(words, idx, out, bn, sp, st), warmup=25, rep=100,
                                          return_mode="median")
             if best is None or ms < best[2]:
                 best = (name, f"tile {bn}, {st} stages, {sp} splits", ms, nbytes / ms / 1e6)
@@ -134,34 +142,6 @@ def main_mla():
         print(f"{name:<26} {kern:<40} {ms:8.4f} {gbs:7.0f} {100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%")
 
 
-@triton.jit
-def _rows_touch_kernel(buf_ptr, idx_ptr, out_ptr, n, W: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
-                       W3: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Rows of ``W`` 32-bit words, back to back: entry ``i`` reads row ``idx[i]`` as W1 + W2 + W3 words (powers of
-    two, 0: none) and stores the wrapping sum of its words."""
-    offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row = tl.load(idx_ptr + offs, mask=offs < n, other=0).to(tl.int64)
-    ptr = buf_ptr + (row * W)[:, None]
-    m = (offs < n)[:, None]
-    v = tl.sum(tl.load(ptr + tl.arange(0, W1)[None, :], mask=m, other=0), axis=1)
-    if W2 > 0:
-        v += tl.sum(tl.load(ptr + W1 + tl.arange(0, W2)[None, :], mask=m, other=0), axis=1)
-    if W3 > 0:
-        v += tl.sum(tl.load(ptr + W1 + W2 + tl.arange(0, W3)[None, :], mask=m, other=0), axis=1)
-    tl.store(out_ptr + offs, v, mask=offs < n)
-
-
-def rows_touch(buf, idx, out, row_bytes, block_n=64):
-    """``buf`` int32 words holding rows of ``row_bytes`` (a multiple of 4) back to back; ``idx`` int32 row ids;
-    ``out`` int32 [len(idx)]: each row's wrapping word sum."""
-    w = row_bytes // 4
-    parts = [1 << b for b in range(w.bit_length() - 1, -1, -1) if w >> b & 1] + [0, 0]
-    assert sum(parts[:3]) == w, f"{row_bytes} bytes: more than three power-of-two parts"
-    _rows_touch_kernel[(triton.cdiv(idx.numel(), block_n), )](buf, idx, out, idx.numel(), W=w, W1=parts[0],
-                                                               W2=parts[1], W3=parts[2], BLOCK_N=block_n,
-                                                               num_warps=4)
-
-
 def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288)):
     dev = "cuda"
     buf = torch.randint(-2**31, 2**31 - 1, (buffer_bytes // 4, ), dtype=torch.int32, device=dev)
@@ -169,13 +149,14 @@ def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288)):
     print(f"{'row bytes':>9} {'rows read':>10} {'order':<8} {'µs':>9} {'GB/s':>7} {'% of copy':>9}")
     for row_bytes in (128, 132, 256, 512, 656, 1152, 8448):
         n_rows = buffer_bytes // row_bytes
+        rows = buf[:n_rows * row_bytes // 4].view(n_rows, row_bytes // 4)
         for count in counts:
-            out = torch.empty(count, dtype=torch.int32, device=dev)
+            out = torch.empty(1, count, dtype=torch.int32, device=dev)
             for order, idx in (("random", torch.randint(0, n_rows, (count, ), generator=g, device=dev)),
                                ("in order", torch.arange(count, device=dev) % n_rows)):
-                idx = idx.to(torch.int32)
-                best = min(triton.testing.do_bench(lambda: rows_touch(buf, idx, out, row_bytes, bn), warmup=25,
-                                                   rep=100, return_mode="median") for bn in (32, 64, 128))
+                idx = idx.to(torch.int32)[None, :]
+                best = min(triton.testing.do_bench(lambda: rows_sum(rows, idx, out, bn, triton.cdiv(count, bn)),
+                                                   warmup=25, rep=100, return_mode="median") for bn in (32, 64, 128))
                 gbs = count * row_bytes / best / 1e6
                 print(f"{row_bytes:9d} {count:10d} {order:<8} {best * 1e3:9.1f} {gbs:7.0f} "
                       f"{100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%", flush=True)
