@@ -18,7 +18,7 @@ rows, as ``sparse_mla`` does, and only sums each row's 32-bit words (bf16 rows: 
 fp8_ds_mla rows: 656 bytes), writing 4 bytes per row. Shapes: the prefill goal's (4096 tokens x
 2048 random rows of a 128K-row bf16 cache: 9.7 GB gathered, 151 MB distinct) and the fp8 decode
 goals' (64 and 256 tokens x 2048 rows of their own request's 32K rows). Its GB/s bounds any
-kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs. (Since 31baf44 the
+kernel that must gather those rows: the time a sparse MLA kernel cannot go below on these inputs. (Since 5c56174 the
 row stride is a compile-time constant, so fp8 rows are read in 16-byte pieces; before, the 656-byte stride was a
 runtime argument, not a multiple of 16, and every word was its own 4-byte load, sm_90 compile: the 2.0 TB/s it
 measured for fp8 rows is a bound on that walk only.)
