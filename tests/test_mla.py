@@ -862,23 +862,25 @@ def test_gpu_sm90_misaligned_cache_falls_back(monkeypatch):
     assert_matches(got, want, max_abs_v(kv, idx, 200))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla", 132, 8448])
 def test_mla_gather_ceiling_walk(fmt):
-    """benchmarks/gather_ceiling.py's sparse-MLA walk (the bound it reports must come from reading exactly
-    the rows sparse_mla reads): per index entry the wrapping sum of the row's 32-bit words, 0 for -1 and
-    out-of-range entries (NaN-filled rows never read), every output written."""
+    """benchmarks/gather_ceiling.py's row walk (the bound it reports must come from reading exactly the rows
+    sparse_mla reads; also its ``sizes`` mode, rows of 132 and 8448 bytes): per index entry the wrapping sum of the
+    row's 32-bit words, 0 for -1 and out-of-range entries (NaN-filled rows never read), every output written."""
     import os
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    from gather_ceiling import mla_touch
+    from gather_ceiling import rows_sum
 
     g = torch.Generator().manual_seed(7)
     S, T, topk = 300, 3, 100  # topk not a multiple of the tile
     if fmt == "bf16":
         kv = torch.randn(S, 576, generator=g).to(torch.bfloat16)
-    else:
+    elif fmt == "fp8_ds_mla":
         kv = torch.randint(0, 256, (S, 656), generator=g, dtype=torch.uint8)
+    else:  # rows of ``fmt`` bytes
+        kv = torch.randint(0, 256, (S, fmt), generator=g, dtype=torch.uint8)
     kv[S - 20:] = 0xFF if fmt != "bf16" else float("nan")  # unused slots, never referenced
     idx = torch.randint(0, S - 20, (T, topk), generator=g, dtype=torch.int32)
     idx[0, 5] = -1
@@ -886,7 +888,7 @@ def test_mla_gather_ceiling_walk(fmt):
     idx[2, 90:] = -1
     kv, idx = kv.to(DEVICE), idx.to(DEVICE)
     out = torch.full((T, topk), -12345, dtype=torch.int32, device=DEVICE)
-    mla_touch(kv, idx, out, block_n=32, num_stages=2, splits=2)
+    rows_sum(kv.view(torch.int32), idx, out, block_n=32, splits=2, num_stages=2)
     words = kv.view(torch.int32).cpu().long()
     ok = (idx >= 0) & (idx < S)
     want = words[torch.where(ok, idx, 0).long().cpu()].sum(-1)
