@@ -9,9 +9,9 @@ touches (32 B each) hold more than the key's bytes. This script measures, on the
 benchmark's inputs (B=64, contexts 32K-128K, shuffled block table), a kernel that walks the
 keys exactly as ``fp8_paged_mqa_logits`` does (same grid, tiles, masks and loads, Triton's
 pipeliner) but only sums each key's bytes times its scale and writes 4 bytes per key: no dot,
-no heads. Its GB/s is the ceiling of the access pattern for a kernel built this way; the copy
-rate of a contiguous tensor of the same size (bytes read + written, the convention of the
-4.3 TB/s ceiling) is printed beside it.
+no heads. Its GB/s is the ceiling of the access pattern for a kernel built this way; the decode kernel itself
+(``fp8_paged_mqa_logits``, next_n 1) on the same inputs, and the copy rate of a contiguous tensor of the same size
+(bytes read + written, the convention of the 4.3 TB/s ceiling) are printed beside it.
 
 Sparse MLA (``mla``): one program per query token walks its index list in tiles of 64 gathered
 rows, as ``sparse_mla`` does, and only sums each row's 32-bit words (bf16 rows: 1152 bytes;
@@ -26,8 +26,15 @@ measured for fp8 rows is a bound on that walk only.)
 Row sizes (``sizes``): what reading rows of one size at random places costs, the question behind both
 small-record goals: the indexer's block-1 keys (132 bytes) and the fp8_ds_mla rows of small-head decode (656
 bytes). Rows of 128-8448 bytes lie back to back in a 1.4 GB buffer (the decode caches' size); 131,072 or 524,288
-of them (batch 64 or 256 x 2048) are read at uniformly random row ids, and, as the baseline, in order. Each
-program reads a tile of rows (16-byte loads wherever the row size allows) and stores 4 bytes per row.
+of them (batch 64 or 256 x 2048), and 4,194,304 of the rows up to 1152 bytes (the block-1 decode benchmark reads
+5.1M keys), are read at uniformly random row ids, and, as the baseline, in order. Each program reads one tile
+of 32-128 rows, or walks 8 tiles of 64-128 rows with Triton's 3-stage pipelining (16-byte loads wherever the row
+size allows) and stores 4 bytes per row; the fastest of these is printed. The last column is the marginal
+rate between consecutive counts (extra bytes / extra time): the rate with the fixed cost of a launch taken out.
+
+Every time here is a CUDA-graph median (``do_bench_cudagraph``), as the decode benchmarks are timed. (Until
+this was so, the walks were timed with ``do_bench``, whose events also caught the host's launch of each Triton
+kernel: about 10-15 us on the H200 machine, which dominated the walks over 131,072 rows.)
 """
 from __future__ import annotations
 
@@ -44,6 +51,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dsa.bench import indexer_decode_inputs  # noqa: E402
 from dsa.constants import H200_COPY_BYTES_PER_S, INDEXER_HEAD_DIM, INDEXER_ROW_BYTES  # noqa: E402
 from dsa.layouts import indexer_cache_blocks  # noqa: E402
+from dsa.mqa_logits import fp8_paged_mqa_logits  # noqa: E402
+
+
+def _ms(fn) -> float:
+    """CUDA-graph median of ``fn`` in ms (no host launch time inside)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
 @triton.jit
@@ -82,9 +95,10 @@ def _rows_sum_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, stride
                      W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per gathered row (rows of ``W`` 32-bit words, back to back): the wrapping sum of its words, read as W1 + W2
     + W3 words (powers of two, 0: none; 16-byte loads wherever ``W`` allows, since it is a compile-time stride);
-    program (t, c) walks entries [c * chunk, (c + 1) * chunk) of list t; entries < 0 or >= S read nothing."""
-    t = tl.program_id(0).to(tl.int64)
-    c0 = tl.program_id(1) * chunk
+    program (c, t) walks entries [c * chunk, (c + 1) * chunk) of list t; entries < 0 or >= S read nothing (the
+    chunks on grid axis 0, which allows 2**31 - 1 programs, not 65535)."""
+    t = tl.program_id(1).to(tl.int64)
+    c0 = tl.program_id(0) * chunk
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in range(c0, tl.minimum(c0 + chunk, topk), BLOCK_N):
         n = n0 + offs_n
@@ -110,7 +124,7 @@ def rows_sum(words, idx, out, block_n=64, splits=1, num_stages=3):
     assert sum(parts[:3]) == w, f"rows of {w} words: more than three power-of-two parts"
     topk = idx.shape[1]
     chunk = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
-    _rows_sum_kernel[(idx.shape[0], triton.cdiv(topk, chunk))](
+    _rows_sum_kernel[(triton.cdiv(topk, chunk), idx.shape[0])](
         words, idx, out, S, topk, chunk, idx.stride(0), out.stride(0), W=w, W1=parts[0], W2=parts[1], W3=parts[2],
         BLOCK_N=block_n, num_warps=4, num_stages=num_stages)
 
@@ -132,8 +146,7 @@ def main_mla():
         nbytes = float(T * topk * flat.shape[1] * flat.element_size())
         best = None
         for (bn, st), sp in itertools.product(((64, 3), (64, 1), (32, 2), (16, 3)), split_list):
-            ms = triton.testing.do_bench(lambda: rows_sum(words, idx, out, bn, sp, st), warmup=25, rep=100,
-                                         return_mode="median")
+            ms = _ms(lambda: rows_sum(words, idx, out, bn, sp, st))
             if best is None or ms < best[2]:
                 best = (name, f"tile {bn}, {st} stages, {sp} splits", ms, nbytes / ms / 1e6)
         rows.append(best)
@@ -142,24 +155,33 @@ def main_mla():
         print(f"{name:<26} {kern:<40} {ms:8.4f} {gbs:7.0f} {100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%")
 
 
-def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288)):
+def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288, 4194304), big_max_row=1152):
     dev = "cuda"
     buf = torch.randint(-2**31, 2**31 - 1, (buffer_bytes // 4, ), dtype=torch.int32, device=dev)
     g = torch.Generator(device=dev).manual_seed(0)
-    print(f"{'row bytes':>9} {'rows read':>10} {'order':<8} {'µs':>9} {'GB/s':>7} {'% of copy':>9}")
+    print(f"{'row bytes':>9} {'rows read':>10} {'order':<8} {'µs':>9} {'GB/s':>7} {'% of copy':>9} "
+          f"{'marginal GB/s':>13}")
     for row_bytes in (128, 132, 256, 512, 656, 1152, 8448):
         n_rows = buffer_bytes // row_bytes
         rows = buf[:n_rows * row_bytes // 4].view(n_rows, row_bytes // 4)
+        last = {}
         for count in counts:
+            if count > counts[1] and row_bytes > big_max_row:
+                continue
             out = torch.empty(1, count, dtype=torch.int32, device=dev)
             for order, idx in (("random", torch.randint(0, n_rows, (count, ), generator=g, device=dev)),
                                ("in order", torch.arange(count, device=dev) % n_rows)):
                 idx = idx.to(torch.int32)[None, :]
-                best = min(triton.testing.do_bench(lambda: rows_sum(rows, idx, out, bn, triton.cdiv(count, bn)),
-                                                   warmup=25, rep=100, return_mode="median") for bn in (32, 64, 128))
+                best = min(_ms(lambda: rows_sum(rows, idx, out, bn, triton.cdiv(count, bn * per), st))
+                           for bn, per, st in ((32, 1, 1), (64, 1, 1), (128, 1, 1), (64, 8, 3), (128, 8, 3)))
                 gbs = count * row_bytes / best / 1e6
+                marg = ""
+                if order in last:
+                    c0, t0 = last[order]
+                    marg = f"{(count - c0) * row_bytes / (best - t0) / 1e6:13.0f}"
+                last[order] = (count, best)
                 print(f"{row_bytes:9d} {count:10d} {order:<8} {best * 1e3:9.1f} {gbs:7.0f} "
-                      f"{100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%", flush=True)
+                      f"{100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}% {marg}", flush=True)
 
 
 def main():
@@ -167,7 +189,7 @@ def main():
     rows = []
     for bs, shuffled in ((64, True), (1, True), (1, False)):
         g = torch.Generator(device=dev).manual_seed(1)
-        _, cache, _, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, 1, g, dev)
+        q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, 1, g, dev)
         if not shuffled:  # each request's keys in consecutive blocks
             nblk = (ctx.long() + bs - 1) // bs
             starts = torch.cumsum(nblk, 0) - nblk
@@ -176,13 +198,16 @@ def main():
         out = torch.empty(ctx.shape[0], max_len, dtype=torch.float32, device=dev)
         nbytes = float(ctx.sum()) * INDEXER_ROW_BYTES
         for block_n, span in ((64, 1024), (128, 2048)):
-            ms = triton.testing.do_bench(lambda: touch(blocks, ctx, bt, max_len, out, block_n, span), warmup=50, rep=200,
-                                         return_mode="median")
+            ms = _ms(lambda: touch(blocks, ctx, bt, max_len, out, block_n, span))
             rows.append((f"block {bs}, {'shuffled' if shuffled else 'in order'}", f"tile {block_n}, span {span}", ms,
                          nbytes / ms / 1e6))
+        logits = torch.empty(ctx.shape[0], max_len, dtype=torch.float32, device=dev)
+        ms = _ms(lambda: fp8_paged_mqa_logits(q, cache, w, ctx, bt, max_len, out=logits))
+        rows.append((f"block {bs}, {'shuffled' if shuffled else 'in order'}", "fp8_paged_mqa_logits (the kernel)", ms,
+                     nbytes / ms / 1e6))
         flat = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
         dst = torch.empty_like(flat)
-        ms = triton.testing.do_bench(lambda: dst.copy_(flat), warmup=50, rep=200, return_mode="median")
+        ms = _ms(lambda: dst.copy_(flat))
         rows.append((f"copy of {nbytes / 1e6:.0f} MB", "torch copy_ (bytes read + written)", ms, 2 * nbytes / ms / 1e6))
     print(f"{'pattern':<26} {'kernel':<40} {'ms':>8} {'GB/s':>7} {'% of copy':>9}")
     for name, kern, ms, gbs in rows:
