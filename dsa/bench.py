@@ -45,6 +45,27 @@ def bench_ms(fn, device, rep: int = 200, warmup: int = 25) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
+def decode_ms(fn, device, label: str, log=print, rep: int = 200, warmup: int = 25) -> float:
+    """Median milliseconds of a decode call: the smaller of :func:`bench_ms` (eager) and, on a GPU, a CUDA-graph
+    replay (``do_bench_cudagraph``), both logged. Decode runs in a CUDA graph in an engine, so its time is the GPU
+    time alone. The eager time can also hold host time (one eager MLA call costs 0.1-0.2 ms of Python and two
+    launches: fp8 h_q 16 at T 256 0.17-0.20 ms eager against 0.138 ms replayed, BENCHMARKS.md twelfth session) and
+    the write-back of the L2 lines that ``do_bench``'s cache flush left dirty (nineteenth session). A failed capture
+    is logged and the eager time kept."""
+    ms = bench_ms(fn, device, rep=rep, warmup=warmup)
+    if torch.device(device).type != "cuda":
+        return ms
+    try:
+        from triton.testing import do_bench_cudagraph
+
+        ms_graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except Exception as e:  # e.g. a call that cannot be captured
+        log(f"# {label}: CUDA graph capture FAILED {type(e).__name__}: {str(e)[:200]}")
+        return ms
+    log(f"# {label}: {ms * 1e3:.1f} us eager, {ms_graph * 1e3:.1f} us CUDA graph")
+    return min(ms, ms_graph)
+
+
 def calc_diff(x, y) -> float:
     """DeepGEMM's ``1 - 2·Σxy / Σ(x² + y²)`` (0 when equal)."""
     x, y = x.double(), y.double()
@@ -252,7 +273,8 @@ def run_indexer_decode(B, lo, hi, bs, next_n, sweep=False, dev="cuda", baseline=
             return K.fp8_paged_mqa_logits_triton(q, blocks, w, ctx, bt, max_len, True, out, config=cfg)
 
         try:
-            ms = bench_ms(fn, dev, rep=60 if sweep else 200, warmup=50)
+            ms = decode_ms(fn, dev, f"indexer decode bs={bs} next_n={next_n} {cfg or 'default'}", log,
+                           rep=60 if sweep else 200, warmup=50)
         except Exception as e:  # a sweep entry that does not compile for this shape is reported, not fatal
             if not sweep:
                 raise
@@ -364,14 +386,14 @@ def run_topk_case(name, M, N, k, decode, sweep=False, rotate=1, dev="cuda", base
             topk_check(xs[it[0]], k, (inv[pos_] * slots_bs + out % slots_bs).to(torch.int32))
         else:
             topk_check(xs[it[0]], k, out)
-        ms = bench_ms(lambda cfg=cfg: call(cfg), dev, rep=100 if sweep else 300)
-        if decode and torch.device(dev).type == "cuda":  # decode runs in a CUDA graph: the GPU time
-            from triton.testing import do_bench_cudagraph
+        if not decode:
+            ms = bench_ms(lambda cfg=cfg: call(cfg), dev, rep=100 if sweep else 300)
+        else:
+            ms = decode_ms(lambda cfg=cfg: call(cfg), dev, f"topk {name} {cfg or 'default'}", log,
+                           rep=100 if sweep else 300)
+            if slots_bs and cfg is None and torch.device(dev).type == "cuda":
+                from triton.testing import do_bench_cudagraph
 
-            ms_graph = do_bench_cudagraph(lambda cfg=cfg: call(cfg), rep=100, return_mode="median")
-            log(f"# topk {name} {cfg or 'default'}: {ms * 1e3:.1f} us eager, {ms_graph * 1e3:.1f} us CUDA graph")
-            ms = min(ms, ms_graph)
-            if slots_bs and cfg is None:
                 ms_two = do_bench_cudagraph(two_launches, rep=100, return_mode="median")
                 log(f"# topk {name}: top-k + index conversion (two launches) {ms_two * 1e3:.1f} us CUDA graph")
         res.append((ms, cfg))
@@ -541,19 +563,10 @@ def mla_suite(size="full", sweep=False, dev="cuda", baseline=True, shapes=None, 
                 if not diff <= 0.0625:
                     log(f"# {name} {cfg} ns={ns}: WRONG, max diff to the default {diff}")
                     continue
-            ms = bench_ms(fn, dev, rep=200)
-            # decode: also time a CUDA-graph replay (the GPU time alone). One eager call costs 0.1-0.2 ms of
-            # host time (Python, two launches), which hides the GPU time of a short call (fp8 h_q 16 at T 256:
-            # 0.17-0.20 ms eager against 0.138 ms replayed, BENCHMARKS.md twelfth session)
-            if cuda and not name.startswith("prefill"):
-                try:
-                    from triton.testing import do_bench_cudagraph
-
-                    ms_graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
-                    log(f"# {name} {cfg} ns={ns}: {ms:.3f} ms eager, {ms_graph:.3f} ms CUDA graph")
-                    ms = min(ms, ms_graph)
-                except Exception as e:
-                    log(f"# {name}: CUDA graph capture FAILED {type(e).__name__}: {str(e)[:200]}")
+            if name.startswith("prefill"):
+                ms = bench_ms(fn, dev, rep=200)
+            else:
+                ms = decode_ms(fn, dev, f"{name} {cfg} ns={ns}", log)
             r = (name, f"{cfg or 'default'} ns={ns or 'auto'}", ms, flops / ms / 1e9, nbytes / ms / 1e6)
             if sweep_rows is not None:
                 sweep_rows.append(r)
