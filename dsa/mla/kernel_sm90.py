@@ -87,9 +87,11 @@ L1, the bf16 tile stored, and both products' operands (an m64n16k16 wgmma with A
 DRAM at 4.3 TB/s, and 61% of the 3,700 (Nsight's 69%); the 70% goal (28.6 us) would need that path 85% busy.
 Closing it takes a kernel whose math warps convert the raw rows into register operands (A in registers: 14.7 clocks),
 with no bf16 tile in shared memory. A prototype of that (branch ``mla-rs``: inline-PTX dequantisation on 32-bit words,
-renamed into the A layout at no cost) is correct and, without its row loads, faster than this kernel (39.1 against
-41.6 us at batch 64); with them it took 63-70 us, whether the rows came through the math warps' own registers or
-through a cp.async loader warpgroup. The cause is not found.
+renamed into the A layout at no cost) is correct and, without its row loads, faster than this kernel (33.2 against
+41.9 us at batch 64); with them, and without spills, it takes 49-50 us, whether the rows come through the math
+warps' own registers or through a cp.async loader warpgroup with one or two tiles in flight. Its values still go
+through shared memory for P.V (about 246 KB per tile, not 140). DRAM is not the bound: a read-only walk of the same
+rows takes 27.2 us (``benchmarks/gather_ceiling.py mla``, CUDA graph), and random 656-byte rows read at 3.9 TB/s.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
