@@ -351,8 +351,9 @@ def _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS: tl.constex
 #   block size 16 (the same configuration falls back to PREFETCH 0): 0.245 / 0.363 ms;
 #   block size 1: everything by hand (its 132-byte keys are only 4-byte aligned, so the pipeliner's
 #   copies are 4-byte cp.async): next_n 1 0.315 ms, next_n 2 (MAXNREG 168) 0.43-0.52 ms. A shuffled block table
-#   makes those reads random, and random 132-byte keys (each spans two 128-byte lines) read at most about 2.6 TB/s
-#   on the H200, against 4.0 TB/s for 128-byte rows (`benchmarks/gather_ceiling.py sizes`, nineteenth session).
+#   makes those reads random, and random 132-byte keys (each spans two 128-byte lines and three of DRAM's 64-byte
+#   units: Nsight counts 963 MB read for 661 MB of keys) read at most about 2.6 TB/s on the H200, against 4.0 TB/s
+#   for 128-byte rows (`benchmarks/gather_ceiling.py sizes`, nineteenth session).
 PAGED_CONFIGS = {
     "default": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=3, PREFETCH=3, MAXNREG=None),
     "bs1": dict(BLOCK_N=64, SPAN=1024, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=None),
