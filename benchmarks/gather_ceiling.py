@@ -33,8 +33,9 @@ size allows) and stores 4 bytes per row; the fastest of these is printed. The la
 rate between consecutive counts (extra bytes / extra time): the rate with the fixed cost of a launch taken out.
 
 Every time here is a CUDA-graph median (``do_bench_cudagraph``), as the decode benchmarks are timed. (Until
-this was so, the walks were timed with ``do_bench``, whose events also caught the host's launch of each Triton
-kernel: about 10-15 us on the H200 machine, which dominated the walks over 131,072 rows.)
+this was so, the walks were timed with ``do_bench``: its L2 flush before each call leaves up to 50 MB of dirty lines
+that the timed walk writes back, 8-9 us on the H200, and without the flush the host's launch of the Triton kernel is
+in the time; on walks over 131,072 rows that was 10-24 us of 7-27 us. BENCHMARKS.md, nineteenth session.)
 """
 from __future__ import annotations
 
