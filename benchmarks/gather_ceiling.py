@@ -190,11 +190,7 @@ def main():
     rows = []
     for bs, shuffled in ((64, True), (1, True), (1, False)):
         g = torch.Generator(device=dev).manual_seed(1)
-        q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, 1, g, dev)
-        if not shuffled:  # each request's keys in consecutive blocks
-            nblk = (ctx.long() + bs - 1) // bs
-            starts = torch.cumsum(nblk, 0) - nblk
-            bt = (starts[:, None] + torch.arange(bt.shape[1], device=dev)[None, :]).clamp_max(cache.shape[0] - 1).int()
+        q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, 1, g, dev, in_order=not shuffled)
         blocks = indexer_cache_blocks(cache)
         out = torch.empty(ctx.shape[0], max_len, dtype=torch.float32, device=dev)
         nbytes = float(ctx.sum()) * INDEXER_ROW_BYTES

@@ -36,11 +36,8 @@ def main():
         sys.exit("usage: python benchmarks/profile_mqa_logits.py BLOCK_SIZE NEXT_N [in-order] [gluon:STAGES:SPAN | triton]")
     bs, next_n = int(sys.argv[1]), int(sys.argv[2])
     g = torch.Generator(device="cuda").manual_seed(1)
-    q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, next_n, g, "cuda")
-    if "in-order" in sys.argv[3:]:
-        nblk = (ctx.long() + bs - 1) // bs
-        starts = torch.cumsum(nblk, 0) - nblk
-        bt = (starts[:, None] + torch.arange(bt.shape[1], device="cuda")[None, :]).clamp_max(cache.shape[0] - 1).int()
+    q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, next_n, g, "cuda",
+                                                          in_order="in-order" in sys.argv[3:])
     cfg = None
     for a in sys.argv[3:]:
         if a == "triton":

@@ -209,7 +209,9 @@ def run_indexer_prefill(M, N, sweep=False, dev="cuda", baseline=True, log=print)
                100 * flops / ms * 1e3 / H200_FP8_FLOPS, base, diff, cfg)
 
 
-def indexer_decode_inputs(B, lo, hi, bs, next_n, g, dev):
+def indexer_decode_inputs(B, lo, hi, bs, next_n, g, dev, in_order=False):
+    """Decode indexer inputs: ``B`` requests of ``lo``-``hi`` keys (the first ``hi``), their blocks at shuffled
+    places in the cache (``in_order``: each request's blocks in consecutive slots, the same values otherwise)."""
     from .layouts import indexer_cache_views
 
     H, D = INDEXER_H, INDEXER_HEAD_DIM
@@ -219,6 +221,8 @@ def indexer_decode_inputs(B, lo, hi, bs, next_n, g, dev):
     max_blocks = int(nblk.max())
     num_blocks = int(nblk.sum()) + 1
     perm = torch.randperm(num_blocks, device=dev, generator=g).int()
+    if in_order:
+        perm = torch.arange(num_blocks, dtype=torch.int32, device=dev)
     bt = torch.zeros(B, max_blocks, dtype=torch.int32, device=dev)
     starts = torch.cumsum(nblk, 0) - nblk
     for b in range(B):
