@@ -28,12 +28,17 @@ is reduced, and the same with the next tile's first product issued before the la
 grid (one program per resident CTA, each an equal share of all requests' tiles and -inf chunks): no faster at
 next_n 2, 6% slower at next_n 1; per-stage buffers and mbarriers with the loop unrolled by the stages (2 CTA-wide
 barriers per tile instead of 4: 3-9% slower); a persistent warp-specialised kernel (a loader warp, two product
-warpgroups on alternate tiles, one CTA per SM: 15-33% slower).
+warpgroups on alternate tiles, one CTA per SM: 15-33% slower). For block size 1 (keys only 4-byte aligned, so
+their ``cp.async`` pieces are 4 bytes and go through L1): each key's 16-byte-aligned bytes copied by 16-byte
+``cp.async.cg`` (around L1) into a staging buffer and shifted into place in shared memory (1.4-2.9x slower), the
+keys loaded by hand one tile ahead into registers (``ld.global.cg``: 13-35% slower), a larger shared-memory
+carveout (less L1: 12-23% slower at the largest), more tiles in flight with the L1 that leaves (3 stages: 10-26%
+slower), a cap of 80 registers (six CTAs per SM instead of five: no change).
 
-Served: block sizes that are multiples of 32 (a block must be a whole number of 128-byte rows), a
-cache whose rows are contiguous and start on a 16-byte boundary and that is under 8 GiB (TMA
-coordinates are int32 and the scales' descriptor counts 4-byte elements); everything else runs the
-Triton kernel, which also stays the path under the CPU interpreter (Gluon kernels do not run there:
+Served: every block size (TMA copies for multiples of 32, a block being a whole number of 128-byte rows;
+``cp.async`` below), a cache whose rows are contiguous and start on a 16-byte boundary and, with TMA, that is
+under 8 GiB (TMA coordinates are int32 and the scales' descriptor counts 4-byte elements); everything else runs
+the Triton kernel, which also stays the path under the CPU interpreter (Gluon kernels do not run there:
 this one is tested on the GPU against the reference and the Triton kernel, tests/test_mqa_logits.py,
 ``test_gpu_paged_sm90*``).
 """
@@ -111,12 +116,12 @@ def _phys_keys(bt_row, s0, c_hi, max_blocks, BS: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
-def _issue_cp(k_buf, kv_ptr, phys, s0, c_hi, num_blocks, BS: gl.constexpr, VEC: gl.constexpr,
-              cp_l: gl.constexpr):
+def _issue_cp(k_buf, kv_ptr, phys, s0, num_blocks, BS: gl.constexpr, VEC: gl.constexpr, cp_l: gl.constexpr):
     """cp.async of one tile's keys (``VEC``-byte pieces; a key in a block outside the cache or at or past
-    ``c_hi`` is zero-filled, never read), committed as one group (empty past the last tile)."""
+    ``c_hi`` is zero-filled, never read: ``phys`` from :func:`_phys_keys` is -1 there), committed as one group
+    (empty past the last tile)."""
     s = s0 + gl.arange(0, 64, gl.SliceLayout(1, cp_l))
-    ok = (phys >= 0) & (phys < num_blocks) & (s < c_hi)
+    ok = (phys >= 0) & (phys < num_blocks)
     base = gl.where(ok, phys, 0).to(gl.int64) * (BS * 132) + (s % BS) * 128
     cols = gl.arange(0, 128, gl.SliceLayout(0, cp_l))
     cp.async_copy_global_to_shared(k_buf, kv_ptr + gl.multiple_of(base, VEC)[:, None] + cols[None, :],
@@ -129,8 +134,8 @@ def _scales_ld(kv32_ptr, bt_row, s0, c_hi, max_blocks, num_blocks, BS: gl.conste
     """The fp32 scales of the tile starting at ``s0`` (0 where the key is not read)."""
     s = s0 + gl.arange(0, 64, layout)
     blk = s // BS
-    p = gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)
-    ok = (p >= 0) & (p < num_blocks) & (s < c_hi)
+    p = gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)  # -1 past c_hi
+    ok = (p >= 0) & (p < num_blocks)
     return gl.load(kv32_ptr + gl.where(ok, p, 0).to(gl.int64) * (BS * 33) + BS * 32 + s % BS, mask=ok, other=0.0)
 
 
@@ -152,9 +157,12 @@ def _paged_logits_sm90_kernel(
     TMA: gl.constexpr = BS % 32 == 0  # a block is a whole number of 128-byte rows
     KB: gl.constexpr = BS if BS < BN else BN  # keys per TMA copy (one block or one tile)
     CH: gl.constexpr = BN // KB if TMA else 1  # TMA copies per tile (1, or 2 for 32-key blocks)
-    # without TMA: cp.async pieces as wide as the keys' alignment allows (a block is bs * 132 bytes)
+    # without TMA: cp.async pieces as wide as the keys' alignment allows (a block is bs * 132 bytes). A warp's copy
+    # covers one key of 32 4-byte pieces (block 1), else 4 keys x 8 pieces. (4 keys x 8 pieces for block 1 too: 4-10%
+    # faster with keys in slot order, 11-35% slower with the benchmark's shuffled table; block 2 with 4 keys instead
+    # of 2: 10-12% faster. H200, BENCHMARKS.md nineteenth and twentieth sessions.)
     VEC: gl.constexpr = 16 if BS % 4 == 0 else 4 * BS
-    cp_l: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // 128, 128 // VEC], [4 * WGS, 1], [1, 0])
+    cp_l: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32] if VEC == 4 else [4, 8], [4 * WGS, 1], [1, 0])
     R: gl.constexpr = NP * H  # the product's N: (row, head) pairs, row-major
 
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGS],
@@ -224,7 +232,7 @@ def _paged_logits_sm90_kernel(
         for t in gl.static_range(STAGES - 1):
             s0 = s_lo + t * BN
             _issue_cp(k_smem.index(t), kv_ptr, _phys_keys(bt_row, s0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l)),
-                      s0, c_hi, num_blocks, BS, VEC, cp_l)
+                      s0, num_blocks, BS, VEC, cp_l)
         p0 = _phys_keys(bt_row, n0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
         sc = _scales_ld(kv32_ptr, bt_row, s_lo, c_hi, max_blocks, num_blocks, BS, key_l)
 
@@ -254,7 +262,7 @@ def _paged_logits_sm90_kernel(
             cp.wait_group(STAGES - 2)
             fence_async_shared()
             gl.thread_barrier()
-            _issue_cp(k_smem.index(slot_n), kv_ptr, p0, s_n, c_hi, num_blocks, BS, VEC, cp_l)
+            _issue_cp(k_smem.index(slot_n), kv_ptr, p0, s_n, num_blocks, BS, VEC, cp_l)
             p0 = _phys_keys(bt_row, s_n + BN, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
             scale = sc
             sc = _scales_ld(kv32_ptr, bt_row, s_lo + (i + 1) * BN, c_hi, max_blocks, num_blocks, BS, key_l)
