@@ -13,7 +13,7 @@ with the device-to-device copy ceiling. The baseline is the reference's formulat
 GPU in PyTorch: bf16 matmul of dequantised fp8 values, relu, weighted head sum (a bf16
 bmm), chunked so its temporaries fit. Times: triton.testing.do_bench medians.
 
-Decode on sm_90 runs the Gluon kernel where it is supported and preferred; ``--sweep`` also times
+Decode on sm_90 runs the Gluon kernel wherever it is supported; ``--sweep`` also times
 its launch configurations and the Triton kernel's (``gluon=False``). Measured numbers (date, GPU,
 commit, shapes) are in BENCHMARKS.md.
 """

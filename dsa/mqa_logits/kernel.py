@@ -31,8 +31,8 @@ The dot's B operand (the q rows, [R, D]) is loaded once per program and stays in
 shared memory; the wgmma is m64nRk32 (R = 256 for prefill, next_n_pad*64 for decode).
 
 On Hopper, the decode op runs :mod:`dsa.mqa_logits.kernel_sm90` (Gluon: TMA or cp.async copies
-of the paged cache, one product per tile over all next_n rows) where it is supported and
-preferred; this kernel serves everything else.
+of the paged cache, one product per tile over all next_n rows) wherever it is supported; this kernel
+serves everything else.
 
 All cache and output offsets are int64. Every key load is masked by the row's
 context, so unused cache slots (which may hold NaN) are never read.
@@ -385,7 +385,7 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     :func:`dsa.mqa_logits.kernel_sm90.supported` accepts run that kernel. ``config`` (tests and
     benchmarks): keys of :data:`PAGED_CONFIGS` (``BLOCK_N``, ``PREFETCH``, ...) or ``gluon=False`` keep
     this Triton kernel; ``gluon=dict(SPAN=..., STAGES=...)`` takes the Hopper kernel wherever it is
-    supported, with that launch; with no config it is taken where :func:`kernel_sm90.preferred`.
+    supported, with that launch; with no config it is taken wherever it is supported.
     """
     B, next_n, H, D = q.shape
     if B == 0 or max_context_len == 0:
@@ -394,8 +394,7 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     gluon = config.pop("gluon", None)
     if gluon is None and config:
         gluon = False  # Triton launch keys given: they are for this kernel
-    if (gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks)
-            and (gluon is not None or kernel_sm90.preferred(cache_blocks.shape[1] // INDEXER_ROW_BYTES, next_n))):
+    if gluon is not False and kernel_sm90 is not None and kernel_sm90.supported(q, cache_blocks):
         return kernel_sm90.launch(q, cache_blocks, weights, context_lens, block_table, max_context_len, clean_logits,
                                   out, config=gluon if isinstance(gluon, dict) else None)
     num_blocks, row = cache_blocks.shape
