@@ -32,8 +32,9 @@ warpgroups on alternate tiles, one CTA per SM: 15-33% slower). For block size 1 
 their ``cp.async`` pieces are 4 bytes and go through L1): each key's 16-byte-aligned bytes copied by 16-byte
 ``cp.async.cg`` (around L1) into a staging buffer and shifted into place in shared memory (1.35-2.9x slower), the
 keys loaded by hand one tile ahead into registers (``ld.global.cg``: 19-39% slower), a larger shared-memory
-carveout (less L1: 5-23% slower at the largest), more tiles in flight with the L1 that leaves (3 stages: 10-26%
-slower), a cap of 80 registers (six CTAs per SM instead of five: no change).
+carveout (less L1: 5-23% slower at the largest), more tiles in flight per CTA (3 stages: 10-26% slower with the
+L1 their shared memory leaves, 8-13% with the carveout kept at 58% and so fewer CTAs), a cap of 80 registers (six
+CTAs per SM instead of five: no change).
 
 Served: every block size (TMA copies for multiples of 32, a block being a whole number of 128-byte rows;
 ``cp.async`` below), a cache whose rows are contiguous and start on a 16-byte boundary and, with TMA, that is
