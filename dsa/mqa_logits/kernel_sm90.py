@@ -36,7 +36,7 @@ carveout (less L1: 5-23% slower at the largest), more tiles in flight per CTA (3
 L1 their shared memory leaves, 8-13% with the carveout kept at 58% and so fewer CTAs), a cap of 80 registers (six
 CTAs per SM instead of five: no change).
 
-Served: every block size (TMA copies for multiples of 32, a block being a whole number of 128-byte rows;
+Served: every block size the op accepts (TMA copies for multiples of 32, a block being a whole number of 128-byte rows;
 ``cp.async`` below), a cache whose rows are contiguous and start on a 16-byte boundary and, with TMA, that is
 under 8 GiB (TMA coordinates are int32 and the scales' descriptor counts 4-byte elements); everything else runs
 the Triton kernel, which also stays the path under the CPU interpreter (Gluon kernels do not run there:
