@@ -69,9 +69,11 @@ def default_config(block_size: int, next_n: int) -> dict:
     0.318 ms shuffled, 0.267 in slot order, against 0.333 / 0.287 for the Triton kernel; next_n 2 with the
     register cap 0.375 / 0.341 against 0.384 / 0.346 without (block 2: no change, so 128 applies there too; blocks
     4 and 16 within 1%, uncapped)."""
+    if block_size < 4 and next_n == 2:
+        # 128 registers (168 uncapped, no spills) let four CTAs share an SM instead of three
+        return dict(SPAN=2048, STAGES=2, MAXNREG=128)
     if block_size < 4:
-        # next_n 2: 128 registers (168 uncapped, no spills) let four CTAs share an SM instead of three
-        return dict(SPAN=2048, STAGES=2, **({"MAXNREG": 128} if next_n == 2 else {}))
+        return dict(SPAN=2048, STAGES=2)
     if next_n == 1:
         return dict(SPAN=1024, STAGES=4)
     return dict(SPAN=2048, STAGES=3 if block_size < 32 else 4)
