@@ -597,6 +597,10 @@ def _paged_sm90_or_skip():
     ([2000, 333, 64], 4, 4, True, 32, None),
     ([2500, 17, 640], 16, 2, False, 64, None),
     ([2500, 17], 8, 1, True, 128, dict(SPAN=4096, STAGES=6)),
+    ([3000, 70, 1, 129], 1, 2, True, 64, dict(SPAN=2048, STAGES=3)),
+    ([2000, 65, 64], 1, 3, True, 32, dict(SPAN=64, STAGES=3)),  # one tile per program
+    ([1000, 5], 1, 4, False, 64, None),  # two warpgroups: a warp's keys (key % 8) in the compact layout
+    ([1000, 5, 77], 16, 4, False, 64, dict(SPAN=1024, STAGES=2)),  # two warpgroups, 4 keys per copy
 ])
 def test_gpu_paged_sm90(lens, bs, next_n, two_d, H, gcfg, monkeypatch):
     """The Hopper kernel against the reference and against the Triton kernel: block sizes 1-256, next_n 1-4,
@@ -668,6 +672,33 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(bs, monkeypatch):
     assert_logits_match(fp8_paged_mqa_logits(q1, cache1, w1, ctx1, bt1, len1),
                         fp8_paged_mqa_logits_ref(q1, cache1, w1, ctx1, bt1, len1))
     assert len(calls) == 3
+
+
+def test_paged_hopper_compact_key_layout():
+    """The Hopper kernel's cp.async layouts at block sizes below 32: the compact key layout (one key per lane) must
+    give each warp exactly the keys that the copy layout gives it, so that spreading the key offsets to the copy layout stays inside the warp:
+    a warp's copy covers one key (block 1: key % warps) or 4 adjacent keys ((key // 4) % warps). Checked from the
+    layout's bases, for one and two warpgroups."""
+    from dsa.mqa_logits import kernel_sm90
+
+    for bs in (1, 2, 4, 8, 16):
+        for wgs in (1, 2):
+            vec, cp_l, lay = kernel_sm90._cp_layouts(bs, wgs)
+            nw, per_copy = 4 * wgs, 1 if bs == 1 else 4
+            assert vec == min(16, 4 * bs) and cp_l.threads_per_warp == [per_copy, 32 // per_copy]
+            assert lay.shape == [64] and not lay.reg_bases and len(lay.lane_bases) == 5
+            assert len(lay.warp_bases) == nw.bit_length() - 1
+            held = {}
+            for warp in range(nw):
+                for lane in range(32):
+                    key = 0
+                    for b, (base, ) in enumerate(lay.lane_bases):
+                        key ^= base if lane >> b & 1 else 0
+                    for b, (base, ) in enumerate(lay.warp_bases):
+                        key ^= base if warp >> b & 1 else 0
+                    held.setdefault(key, set()).add(warp)
+            assert sorted(held) == list(range(64))
+            assert all(ws == {(k // per_copy) % nw} for k, ws in held.items()), (bs, wgs)
 
 
 def test_paged_hopper_kernel_choice_rules():

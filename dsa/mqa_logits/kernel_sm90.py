@@ -16,6 +16,11 @@ next_n 2 (BENCHMARKS.md, "Decode logits sweeps"). Here:
   ``[0, num_blocks)`` gets coordinates past the end of the cache: the TMA reads nothing and writes
   zeros (its logits are 0, as in the Triton kernel). Block-table entries are loaded one tile before
   the copy they address.
+* Below 32 keys per block (a block is not a whole number of 128-byte rows) the keys and scales are copied by
+  ``cp.async`` instead, the same ``STAGES`` ring with one commit group per tile. Each key's offset is formed once,
+  one key per lane, and spread to the copy layout inside the warp (:func:`_cp_layouts`); its scale is copied in the
+  same group. Against forming the offsets in the copy layout and loading the scales into registers one tile ahead:
+  2-15% faster at blocks 1, 2, 4 and 16 (BENCHMARKS.md, twenty-first session).
 * Per tile ONE product ``wgmma(keys [64, 128], q^T [128, NP*H])`` in fp8 with fp32 accumulation (the
   request's next_n rows share the key tile, padding rows are zero), then relu x head weight, reshaped
   ``[64, NP, H]`` (no data movement) and summed over the heads in registers and across 4 lanes, times
@@ -123,27 +128,23 @@ def _phys_keys(bt_row, s0, c_hi, max_blocks, BS: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
-def _issue_cp(k_buf, kv_ptr, phys, s0, num_blocks, BS: gl.constexpr, VEC: gl.constexpr, cp_l: gl.constexpr):
-    """cp.async of one tile's keys (``VEC``-byte pieces; a key in a block outside the cache or at or past
-    ``c_hi`` is zero-filled, never read: ``phys`` from :func:`_phys_keys` is -1 there), committed as one group
-    (empty past the last tile)."""
-    s = s0 + gl.arange(0, 64, gl.SliceLayout(1, cp_l))
+def _issue_cp(k_buf, s_buf, kv_ptr, kv32_ptr, phys, s0, num_blocks, BS: gl.constexpr, VEC: gl.constexpr,
+              kc_l: gl.constexpr, cp_l: gl.constexpr):
+    """cp.async of one tile's keys in ``VEC``-byte pieces, committed as one group (empty past the last tile). Each
+    key's byte offset is formed once (``phys`` from :func:`_phys_keys` in the compact layout ``kc_l``, one key per
+    lane) and spread to the copy layout ``cp_l`` inside each warp. A key in a block outside the cache or at or past
+    ``c_hi`` (``phys`` -1) is zero-filled, never read. The keys' fp32 scales go into ``s_buf`` by the same group (0
+    where not read)."""
+    s = s0 + gl.arange(0, 64, kc_l)
     ok = (phys >= 0) & (phys < num_blocks)
-    base = gl.where(ok, phys, 0).to(gl.int64) * (BS * 132) + (s % BS) * 128
+    pc = gl.where(ok, phys, 0).to(gl.int64)
+    base = gl.convert_layout(gl.where(ok, pc * (BS * 132) + (s % BS) * 128, -1), gl.SliceLayout(1, cp_l))
+    okc = base >= 0
     cols = gl.arange(0, 128, gl.SliceLayout(0, cp_l))
-    cp.async_copy_global_to_shared(k_buf, kv_ptr + gl.multiple_of(base, VEC)[:, None] + cols[None, :],
-                                   mask=ok[:, None])
+    cp.async_copy_global_to_shared(k_buf, kv_ptr + gl.multiple_of(gl.where(okc, base, 0), VEC)[:, None]
+                                   + cols[None, :], mask=okc[:, None])
+    cp.async_copy_global_to_shared(s_buf, kv32_ptr + pc * (BS * 33) + BS * 32 + s % BS, mask=ok)
     cp.commit_group()
-
-
-@gluon.jit
-def _scales_ld(kv32_ptr, bt_row, s0, c_hi, max_blocks, num_blocks, BS: gl.constexpr, layout: gl.constexpr):
-    """The fp32 scales of the tile starting at ``s0`` (0 where the key is not read)."""
-    s = s0 + gl.arange(0, 64, layout)
-    blk = s // BS
-    p = gl.load(bt_row + blk, mask=(s < c_hi) & (blk < max_blocks), other=-1)  # -1 past c_hi
-    ok = (p >= 0) & (p < num_blocks)
-    return gl.load(kv32_ptr + gl.where(ok, p, 0).to(gl.int64) * (BS * 33) + BS * 32 + s % BS, mask=ok, other=0.0)
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "max_blocks", "max_context_len", "rows_total", "floats_total"])
@@ -158,18 +159,15 @@ def _paged_logits_sm90_kernel(
     num_blocks, max_blocks, max_context_len, rows_total, floats_total,
     NEXT_N: gl.constexpr, NP: gl.constexpr, CTX_2D: gl.constexpr, H: gl.constexpr, BS: gl.constexpr,
     SPAN: gl.constexpr, STAGES: gl.constexpr, WGS: gl.constexpr, CLEAN: gl.constexpr,
+    VEC: gl.constexpr, CP_L: gl.constexpr, KC_L: gl.constexpr,  # without TMA: the copies (_cp_layouts)
 ):
     BN: gl.constexpr = 64
     D: gl.constexpr = 128
     TMA: gl.constexpr = BS % 32 == 0  # a block is a whole number of 128-byte rows
     KB: gl.constexpr = BS if BS < BN else BN  # keys per TMA copy (one block or one tile)
     CH: gl.constexpr = BN // KB if TMA else 1  # TMA copies per tile (1, or 2 for 32-key blocks)
-    # without TMA: cp.async pieces as wide as the keys' alignment allows (a block is bs * 132 bytes). A warp's copy
-    # covers one key of 32 4-byte pieces (block 1), else 4 keys x 8 pieces. (4 keys x 8 pieces for block 1 too: 4-10%
-    # faster with keys in slot order, 11-35% slower with the benchmark's shuffled table; block 2 with 4 keys instead
-    # of 2: 10-12% faster. H200, BENCHMARKS.md nineteenth and twentieth sessions.)
-    VEC: gl.constexpr = 16 if BS % 4 == 0 else 4 * BS
-    cp_l: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32] if VEC == 4 else [4, 8], [4 * WGS, 1], [1, 0])
+    cp_l: gl.constexpr = CP_L
+    kc_l: gl.constexpr = KC_L
     R: gl.constexpr = NP * H  # the product's N: (row, head) pairs, row-major
 
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGS],
@@ -238,10 +236,9 @@ def _paged_logits_sm90_kernel(
     else:
         for t in gl.static_range(STAGES - 1):
             s0 = s_lo + t * BN
-            _issue_cp(k_smem.index(t), kv_ptr, _phys_keys(bt_row, s0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l)),
-                      s0, num_blocks, BS, VEC, cp_l)
-        p0 = _phys_keys(bt_row, n0, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
-        sc = _scales_ld(kv32_ptr, bt_row, s_lo, c_hi, max_blocks, num_blocks, BS, key_l)
+            _issue_cp(k_smem.index(t), s_smem.index(t), kv_ptr, kv32_ptr,
+                      _phys_keys(bt_row, s0, c_hi, max_blocks, BS, kc_l), s0, num_blocks, BS, VEC, kc_l, cp_l)
+        p0 = _phys_keys(bt_row, n0, c_hi, max_blocks, BS, kc_l)
 
     offs_qr = gl.arange(0, R, gl.SliceLayout(1, ld_l))
     offs_qd = gl.arange(0, D, gl.SliceLayout(0, ld_l))
@@ -262,17 +259,16 @@ def _paged_logits_sm90_kernel(
             p0 = _phys(bt_row, s_n + BN, c_hi, max_blocks, 0, BS, KB)
             p1 = _phys(bt_row, s_n + BN, c_hi, max_blocks, CH - 1, BS, KB)
             mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
-            scale = s_smem.index(slot).load(key_l)
         else:
             # this thread's copies of tile i are in; after the barrier everyone's are (and every warp is
             # done with tile i - 1, whose buffer takes tile i + STAGES - 1)
             cp.wait_group(STAGES - 2)
             fence_async_shared()
             gl.thread_barrier()
-            _issue_cp(k_smem.index(slot_n), kv_ptr, p0, s_n, num_blocks, BS, VEC, cp_l)
-            p0 = _phys_keys(bt_row, s_n + BN, c_hi, max_blocks, BS, gl.SliceLayout(1, cp_l))
-            scale = sc
-            sc = _scales_ld(kv32_ptr, bt_row, s_lo + (i + 1) * BN, c_hi, max_blocks, num_blocks, BS, key_l)
+            _issue_cp(k_smem.index(slot_n), s_smem.index(slot_n), kv_ptr, kv32_ptr, p0, s_n, num_blocks, BS, VEC,
+                      kc_l, cp_l)
+            p0 = _phys_keys(bt_row, s_n + BN, c_hi, max_blocks, BS, kc_l)
+        scale = s_smem.index(slot).load(key_l)
         acc = warpgroup_mma(k_smem.index(slot), q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
         offs = s_lo + i * BN + gl.arange(0, BN, key_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -286,6 +282,28 @@ def _paged_logits_sm90_kernel(
         cp.wait_group(0)  # the empty groups past the last tile
     for t in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(t))
+
+
+def _cp_layouts(bs: int, wgs: int):
+    """Without TMA (block sizes below 32): ``(VEC, copy layout, compact key layout)``. The keys are copied by
+    cp.async in ``VEC``-byte pieces, as wide as their alignment allows (a block is ``bs * 132`` bytes). A warp's
+    copy covers one key of 32 4-byte pieces (block 1), else 4 keys x 8 pieces. (4 keys x 8 pieces for block 1 too:
+    4-10% faster with keys in slot order, 11-35% slower with the benchmark's shuffled table; block 2 with 4 keys
+    instead of 2: 10-12% faster. H200, BENCHMARKS.md nineteenth and twentieth sessions.)
+
+    The compact layout holds a tile's 64 block-table entries and key offsets, one key per lane (the rest
+    broadcast), each warp the keys its copies take: each offset is formed once and spread to the copy layout inside
+    the warp (blocks 1-16: up to 11% faster than forming it in the copy layout, twenty-first session)."""
+    vec = 16 if bs % 4 == 0 else 4 * bs
+    per_copy = 1 if bs == 1 else 4  # keys side by side in one warp's copy
+    nw = 4 * wgs
+    cp_l = gl.BlockedLayout([1, vec], [per_copy, 32 // per_copy], [nw, 1], [1, 0])
+    bits = [[1 << b] for b in range(6)]  # key bits: per_copy's lanes, then the warps, then the copy's repeats
+    lb, wb = per_copy.bit_length() - 1, nw.bit_length() - 1
+    lane = bits[:lb] + bits[lb + wb:]
+    kc_l = gl.DistributedLinearLayout(reg_bases=[], lane_bases=lane + [[0]] * (5 - len(lane)),
+                                      warp_bases=bits[lb:lb + wb], block_bases=[], shape=[64])
+    return vec, cp_l, kc_l
 
 
 def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
@@ -332,10 +350,12 @@ def launch(q, cache_blocks, weights, context_lens, block_table, max_context_len,
     # warpgroups splitting the (row, head) columns: one while its accumulator fits (N <= 128), else two
     wgs = int(cfg.get("WGS", 1 if np_ * H <= 128 else 2))
     grid = ((max_context_len + span - 1) // span, B)
+    vec, cp_l, kc_l = _cp_layouts(bs, wgs)
     _paged_logits_sm90_kernel[grid](
         k_desc, s_desc, kv, scales, q, q.stride(0), q.stride(1), q.stride(2), weights, weights.stride(0), context_lens,
         context_lens.stride(0), block_table, block_table.stride(0), out, out.stride(0),
         num_blocks, block_table.shape[1], max_context_len, rows_total, floats_total,
         NEXT_N=next_n, NP=np_, CTX_2D=context_lens.dim() == 2, H=H, BS=bs, SPAN=span, STAGES=int(cfg["STAGES"]),
-        WGS=wgs, CLEAN=bool(clean_logits), num_warps=4 * wgs, **opts)
+        WGS=wgs, CLEAN=bool(clean_logits), VEC=vec, CP_L=cp_l, KC_L=kc_l,
+        num_warps=4 * wgs, **opts)
     return out
