@@ -70,12 +70,13 @@ def default_config(block_size: int, next_n: int) -> dict:
     """Launch configuration: ``SPAN`` positions per program, ``STAGES`` tiles in flight (optional ``WGS``
     warpgroups, ``MAXNREG`` register cap). Chosen on the H200 (BENCHMARKS.md, B = 64, 32K-128K contexts):
     the cp.async copies of small blocks do best with fewer tiles in flight (block 1, next_n 2: 2 stages
-    0.387 ms, 3 stages 0.406, 4 stages 0.485; block 4: 3 stages 0.316, 4 stages 0.339). Block 1, next_n 1:
-    0.318 ms shuffled, 0.267 in slot order, against 0.333 / 0.287 for the Triton kernel; next_n 2 with the
-    register cap 0.375 / 0.341 against 0.384 / 0.346 without (block 2: no change, so 128 applies there too; blocks
-    4 and 16 within 1%, uncapped)."""
+    0.387 ms, 3 stages 0.406, 4 stages 0.485; block 4: 3 stages 0.316, 4 stages 0.339). Block 1, next_n 1: the
+    Gluon kernel at 0.318 ms shuffled, 0.267 in slot order, against 0.333 / 0.287 for the Triton kernel (twentieth
+    session; 0.285 / 0.239 since the compact copies). next_n 2 with the register cap 0.375 / 0.341 against 0.384 /
+    0.346 without (block 2: no change, so 128 applies there too; blocks 4 and 16 within 1%, uncapped)."""
     if block_size < 4 and next_n == 2:
-        # 128 registers (168 uncapped, no spills) let four CTAs share an SM instead of three
+        # 128 registers let four CTAs share an SM instead of three (the copies of the twentieth session took 168
+        # uncapped; the compact copies take 128 either way, and the cap stays as a bound)
         return dict(SPAN=2048, STAGES=2, MAXNREG=128)
     if block_size < 4:
         return dict(SPAN=2048, STAGES=2)
