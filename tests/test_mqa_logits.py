@@ -676,9 +676,9 @@ def test_gpu_paged_sm90_invalid_table_entries_and_fallbacks(bs, monkeypatch):
 
 def test_paged_hopper_compact_key_layout():
     """The Hopper kernel's cp.async layouts at block sizes below 32: the compact key layout (one key per lane) must
-    give each warp exactly the keys that the copy layout gives it, so that spreading the key offsets to the copy layout stays inside the warp:
-    a warp's copy covers one key (block 1: key % warps) or 4 adjacent keys ((key // 4) % warps). Checked from the
-    layout's bases, for one and two warpgroups."""
+    give each warp exactly the keys that the copy layout gives it, so that spreading the key offsets to the copy
+    layout stays inside the warp. A warp's copy covers one key (block 1: key % warps) or 4 adjacent keys
+    ((key // 4) % warps). Checked from the layout's bases, for one and two warpgroups."""
     from dsa.mqa_logits import kernel_sm90
 
     for bs in (1, 2, 4, 8, 16):

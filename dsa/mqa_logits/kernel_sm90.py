@@ -51,6 +51,8 @@ this one is tested on the GPU against the reference and the Triton kernel, tests
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -286,6 +288,7 @@ def _paged_logits_sm90_kernel(
         mbarrier.invalidate(bars.index(t))
 
 
+@functools.lru_cache(maxsize=None)
 def _cp_layouts(bs: int, wgs: int):
     """Without TMA (block sizes below 32): ``(VEC, copy layout, compact key layout)``. The keys are copied by
     cp.async in ``VEC``-byte pieces, as wide as their alignment allows (a block is ``bs * 132`` bytes). A warp's
@@ -310,9 +313,9 @@ def _cp_layouts(bs: int, wgs: int):
 
 def supported(q: torch.Tensor, cache_blocks: torch.Tensor) -> bool:
     """Whether this kernel serves the call (arguments already validated): an NVIDIA Hopper GPU
-    (:func:`dsa.backend.on_hopper`: not ROCm, not under the Triton interpreter), the canonical ``[num_blocks, bs*132]`` cache view
-    with contiguous rows starting on a 16-byte boundary; with a block size that is a multiple of 32 (TMA)
-    the cache must also be under 8 GiB."""
+    (:func:`dsa.backend.on_hopper`: not ROCm, not under the Triton interpreter), the canonical
+    ``[num_blocks, bs*132]`` cache view with contiguous rows starting on a 16-byte boundary; with a block size that
+    is a multiple of 32 (TMA) the cache must also be under 8 GiB."""
     from ..backend import on_hopper
 
     if not on_hopper(q.device):
