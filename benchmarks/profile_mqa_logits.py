@@ -33,7 +33,8 @@ from dsa.mqa_logits.kernel import fp8_paged_mqa_logits_triton  # noqa: E402
 
 def main():
     if len(sys.argv) < 3:
-        sys.exit("usage: python benchmarks/profile_mqa_logits.py BLOCK_SIZE NEXT_N [in-order] [gluon:STAGES:SPAN | triton]")
+        sys.exit("usage: python benchmarks/profile_mqa_logits.py BLOCK_SIZE NEXT_N [in-order] "
+                 "[gluon:STAGES:SPAN | triton]")
     bs, next_n = int(sys.argv[1]), int(sys.argv[2])
     g = torch.Generator(device="cuda").manual_seed(1)
     q, cache, w, ctx, bt, max_len = indexer_decode_inputs(64, 32768, 131072, bs, next_n, g, "cuda",

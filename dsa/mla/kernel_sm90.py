@@ -91,7 +91,8 @@ renamed into the A layout at no cost) is correct and, without its row loads, fas
 41.9 us at batch 64); with them, and without spills, it takes 49-50 us, whether the rows come through the math
 warps' own registers or through a cp.async loader warpgroup with one or two tiles in flight. Its values still go
 through shared memory for P.V (about 204-246 KB per tile by the count, not 140). DRAM is not the bound: a read-only
-walk of the same rows takes 27.2 us (``benchmarks/gather_ceiling.py mla``, CUDA graph), and random 656-byte rows read at 3.9 TB/s.
+walk of the same rows takes 27.2 us (``benchmarks/gather_ceiling.py mla``, CUDA graph), and random 656-byte rows
+read at 3.9 TB/s.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
