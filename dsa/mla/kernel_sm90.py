@@ -92,7 +92,10 @@ renamed into the A layout at no cost) is correct and, without its row loads, fas
 warps' own registers or through a cp.async loader warpgroup with one or two tiles in flight. Its values still go
 through shared memory for P.V (about 204-246 KB per tile by the count, not 140). DRAM is not the bound: a read-only
 walk of the same rows takes 27.2 us (``benchmarks/gather_ceiling.py mla``, CUDA graph), and random 656-byte rows
-read at 3.9 TB/s.
+read at 3.9 TB/s. A kernel with no bf16 tile at all (branch ``mla-sync``, ``kernel_sm90_sync``: mma.sync m16n8k16 in
+f16 on the raw bytes converted in registers, each of 4 warps owning one 128-value group, the scales applied to the
+logits and to P) reached parity, not a gain: 71.8 / 42.7 / 26.3 / 10.6 us at batch 128 / 64 / 32 / 1 against this
+kernel's 71.8 / 41.7 / 25.5 / 9.1, bound by each warp's dependent chain (4 cycles per instruction, DRAM 47% busy).
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton

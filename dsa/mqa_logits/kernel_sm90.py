@@ -76,7 +76,9 @@ def default_config(block_size: int, next_n: int) -> dict:
     0.387 ms, 3 stages 0.406, 4 stages 0.485; block 4: 3 stages 0.316, 4 stages 0.339). Block 1, next_n 1: the
     Gluon kernel at 0.318 ms shuffled, 0.267 in slot order, against 0.333 / 0.287 for the Triton kernel (twentieth
     session; 0.285 / 0.239 since the compact copies). next_n 2 with the register cap 0.375 / 0.341 against 0.384 /
-    0.346 without (block 2: no change, so 128 applies there too; blocks 4 and 16 within 1%, uncapped)."""
+    0.346 without (block 2: no change, so 128 applies there too; blocks 4 and 16 within 1%, uncapped). Twenty-second
+    session: block 1 next_n 1 capped at 64 registers spills and is 31-39% slower, at 72 unchanged; block 4 next_n 2
+    with a cap of 128 or 2 stages 1-3% faster, inside the default's own 9% spread between rounds: left as is."""
     if block_size < 4 and next_n == 2:
         # 128 registers let four CTAs share an SM instead of three (the copies of the twentieth session took 168
         # uncapped; the compact copies take 128 either way, and the cap stays as a bound)
