@@ -1,7 +1,7 @@
 """How fast can a kernel only READ the caches the way the decode indexer and sparse MLA read them?
 
     python benchmarks/gather_ceiling.py            # both
-    python benchmarks/gather_ceiling.py indexer    # or: mla, or: sizes
+    python benchmarks/gather_ceiling.py indexer    # or: mla, or: sizes, or: programs
 
 The decode logits goal counts 132 bytes per key. With block size 1 every key is its own
 132-byte block at a 4-byte-aligned address anywhere in the cache, so the DRAM sectors it
@@ -22,6 +22,11 @@ kernel that must gather those rows: the time a sparse MLA kernel cannot go below
 row stride is a compile-time constant, so fp8 rows are read in 16-byte pieces; before, the 656-byte stride was a
 runtime argument, not a multiple of 16, and every word was its own 4-byte load, sm_90 compile: the 2.0 TB/s it
 measured for fp8 rows is a bound on that walk only.)
+
+Concurrency (``programs``): the fp8 decode walk above (64 tokens x 2048 rows of 656 bytes) with 1-32 programs per
+token, 4-16 warps per program and 32-128 rows per tile: how many programs per SM, and how many rows in flight, the
+gather needs before it reaches its rate (BENCHMARKS.md, twenty-third session: 3.1-3.3 TB/s only from 4 programs per SM
+on; 2.7 TB/s with 2).
 
 Row sizes (``sizes``): what reading rows of one size at random places costs, the question behind both
 small-record goals: the indexer's block-1 keys (132 bytes) and the fp8_ds_mla rows of small-head decode (656
@@ -115,7 +120,7 @@ def _rows_sum_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, stride
         tl.store(out_ptr + t * stride_o + n, v, mask=n < topk)
 
 
-def rows_sum(words, idx, out, block_n=64, splits=1, num_stages=3):
+def rows_sum(words, idx, out, block_n=64, splits=1, num_stages=3, num_warps=4):
     """``words`` [S, W] int32 rows (contiguous); ``idx`` [T, topk] int32 row ids (invalid: < 0 or >= S); ``out``
     [T, topk] int32: each row's wrapping word sum (0 for invalid entries). ``splits`` programs per list, each
     walking one chunk of it (as sparse_mla's split-K)."""
@@ -127,7 +132,7 @@ def rows_sum(words, idx, out, block_n=64, splits=1, num_stages=3):
     chunk = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     _rows_sum_kernel[(triton.cdiv(topk, chunk), idx.shape[0])](
         words, idx, out, S, topk, chunk, idx.stride(0), out.stride(0), W=w, W1=parts[0], W2=parts[1], W3=parts[2],
-        BLOCK_N=block_n, num_warps=4, num_stages=num_stages)
+        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
 def main_mla():
@@ -154,6 +159,25 @@ def main_mla():
     print(f"{'sparse MLA gather (best)':<26} {'kernel':<40} {'ms':>8} {'GB/s':>7} {'% of copy':>9}")
     for name, kern, ms, gbs in rows:
         print(f"{name:<26} {kern:<40} {ms:8.4f} {gbs:7.0f} {100 * gbs * 1e9 / H200_COPY_BYTES_PER_S:8.1f}%")
+
+
+def main_programs():
+    """The fp8 decode walk (64 tokens x 2048 rows of 656 bytes) against the programs per token (splits), warps per
+    program, rows per tile and pipeline stages: how much concurrency the gather needs to reach its rate."""
+    from dsa.bench import mla_inputs
+
+    dev = "cuda"
+    T = 64
+    _, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev=dev)
+    words = kv.reshape(-1, kv.shape[-1]).view(torch.int32)
+    out = torch.empty(T, 2048, dtype=torch.int32, device=dev)
+    nbytes = float(T * 2048 * 656)
+    print(f"{'splits':>6} {'programs':>8} {'warps':>5} {'tile':>4} {'stages':>6} {'us':>7} {'GB/s':>6}")
+    for sp, w, bn, st in itertools.product((1, 2, 4, 8, 16, 32), (4, 8, 16), (32, 64, 128), (1, 3)):
+        if bn * 656 // (32 * w) > 700:  # (over ~170 words per thread: spills)
+            continue
+        ms = _ms(lambda: rows_sum(words, idx, out, bn, sp, st, w))
+        print(f"{sp:6d} {sp * T:8d} {w:5d} {bn:4d} {st:6d} {ms * 1e3:7.1f} {nbytes / ms / 1e6:6.0f}", flush=True)
 
 
 def main_sizes(buffer_bytes=1_400_000_000, counts=(131072, 524288, 4194304), big_max_row=1152):
@@ -219,3 +243,5 @@ if __name__ == "__main__":
         main_mla()
     if which == "sizes":
         main_sizes()
+    if which == "programs":
+        main_programs()
