@@ -403,6 +403,14 @@ def test_cluster_size():
     assert cluster_size(16, 1, 64, 132) == 0 and cluster_size(16, 1, 64, 132, force=True) == 16
     assert cluster_size(16, 100, 16, 132, force=True) == 16 and cluster_size(16, 1, 16, 78, force=True) == 0
     assert cluster_size(8, 4, 16, 78) == 8
+    # with the GPU's count of clusters that run at once (the H200's 66 / 30 / 15 / 7 clusters of 2 / 4 / 8 / 16)
+    fits = {2: 66, 4: 30, 8: 15, 16: 7}.get
+    assert cluster_size(16, 7, 16, 132, max_clusters=fits) == 16 and cluster_size(16, 8, 16, 132, max_clusters=fits) == 0
+    assert cluster_size(4, 30, 16, 132, max_clusters=fits) == 4 and cluster_size(4, 31, 32, 132, max_clusters=fits) == 0
+    assert cluster_size(5, 15, 32, 132, max_clusters=fits) == 8 and cluster_size(8, 16, 16, 132, max_clusters=fits) == 0
+    assert cluster_size(8, 2, 64, 132, max_clusters=fits) == 0 and cluster_size(2, 66, 16, 132, max_clusters=fits) == 2
+    unknown = lambda n: None  # noqa: E731  (the driver could not say: at most half the SMs in CTAs)
+    assert cluster_size(4, 16, 16, 132, max_clusters=unknown) == 4 and cluster_size(4, 17, 16, 132, max_clusters=unknown) == 0
 
 
 def test_choose_num_splits():
@@ -845,6 +853,28 @@ def test_gpu_sm90_cluster_merge(T, H, topk, splits, kv_format, pingpong, monkeyp
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
     # the same partials merged by the merge kernel: equal up to the order of the sums
     assert_matches(runs[0], runs[2], max_abs_v(kv, idx, 4096), "vs the merge kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,kv_format", [(6, 16, "fp8_ds_mla"), (12, 16, "bf16"), (20, 16, "fp8_ds_mla"),
+                                           (30, 32, "bf16"), (31, 16, "bf16")])
+def test_gpu_sm90_cluster_count(T, H, kv_format, monkeypatch):
+    """The driver's count of clusters that run at once (one CTA per SM) is positive and at most the SMs over the
+    cluster size; the default launch merges inside the kernel exactly when its clusters fit in that count, and is
+    equal to the reference either way."""
+    from dsa.mla.kernel import _num_sms, choose_num_splits
+
+    kernel_sm90 = _sm90_or_skip()
+    dev = torch.device("cuda")
+    sms = _num_sms(dev)
+    counts = {n: kernel_sm90.max_active_clusters(n, torch.cuda.current_device()) for n in (2, 4, 8, 16)}
+    assert all(c is not None and 0 < c <= sms // n for n, c in counts.items()), counts
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, 2048, 8192, kv_format, seed=T + H, with_len=True, with_sink=True)
+    calls = record_launches(monkeypatch, kernel_sm90, "cluster")
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None)
+    n = triton.next_power_of_2(choose_num_splits(T, 1, 2048, sms, 64, 1))
+    assert calls == [n if n == 2 or T <= counts[n] else 0], (calls, n, counts)
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 8192))
 
 
 @pytest.mark.gpu

@@ -23,7 +23,8 @@ Design (see SPEC.md "Sparse MLA attention"; FlashMLA's sparse kernels are the ba
   list is cut into ``num_splits`` chunks handled by separate programs which write partial
   (normalised out, lse, max) in fp32; a small second kernel merges them by lse (programs of 2-4 heads,
   :func:`combine_config`, so that many SMs read the partials at once; on Hopper, small
-  head groups with few programs merge inside the split kernel instead, see :func:`cluster_size`). The
+  head groups merge inside the split kernel instead wherever the GPU runs all their clusters at once, see
+  :func:`cluster_size`). The
   caller's arguments are the same either way.
 * Locality: calls of many tokens over a large cache first group each token's index list by slot range
   (:mod:`dsa.mla.order`, one small launch; :func:`order_pays` decides), so the programs that run side by side
@@ -364,21 +365,32 @@ SM90_ROWS_SMALL_HEADS = dict(block_n=64, num_warps=4, num_stages=2, prefetch=Fal
 SM90_TWO_GROUPS_MAX_T = 4
 
 
-def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, force: bool = False) -> int:
+def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, force: bool = False,
+                 max_clusters=None) -> int:
     """Cluster size for the split merge inside the Hopper kernel (the ``num_splits`` splits of each of the
     ``programs`` (token, head group) pairs as one cluster of CTAs; no merge kernel), or 0 for the merge kernel.
     The split count rounded up to a power of two (the extra splits are empty), at most 16 CTAs (the largest,
     non-portable cluster; 8 on GPUs with fewer than 132 SMs). Taken for 16/32-head groups when the clusters run
-    in one wave: clusters of 2, or at most ``num_sms // 2`` CTAs. Measured on the H200 (BENCHMARKS.md, CUDA
-    graphs, s_q 1, 32K context, us, merge kernel -> in-kernel merge): fp8 h_q 16 batch 1 12.1 -> 10.2, batch 4
-    12.3 -> 10.4, batch 64 (2 splits) 58.1 -> 55.9; bf16 h_q 16 batch 1 9.8 -> 8.3; but batch 16 / 32 (clusters
-    of 8 / 4, 128 CTAs: some no longer fit beside the others) 18.8 -> 29.0 / 33.3 -> 56.2, and 64-head groups
-    (several merge rounds per CTA) at batch 1 16.1 -> 19.9 (bf16 h_q 128, s_q 2). ``force``: whenever the
-    size allows (tests, benchmarks)."""
+    in one wave: clusters of 2, or at most ``max_clusters(n)`` clusters of ``n`` (the GPU's count of clusters that
+    run at once, :func:`dsa.mla.kernel_sm90.max_active_clusters`; None or not given: ``num_sms // 2`` CTAs).
+    ``force``: whenever the size allows (tests, benchmarks).
+
+    Measured on the H200 (BENCHMARKS.md; CUDA graphs, s_q 1, 32K context, µs, merge kernel -> in-kernel merge):
+    fp8 h_q 16 batch 1 12.1 -> 10.2, batch 64 (2 splits) 58.1 -> 55.9; bf16 h_q 16 batch 1 9.8 -> 8.3 (the first
+    rule, ``num_sms // 2`` CTAs). The H200 runs at most 66 / 30 / 15 / 7 clusters of 2 / 4 / 8 / 16 CTAs of one CTA
+    per SM; one more takes a second wave (twenty-third session): h_q 16 batch 8 (16 splits: 8 clusters) bf16 10.3
+    -> 16.1, fp8 10.9 -> 17.5; batch 16 (8 splits) 13.7 -> 21.6, 15.5 -> 26.2; batch 31-32 (4 splits) 28.2 ->
+    39.7, 25.5 -> 44.2; 64-head groups (several merge rounds per CTA) at batch 1 16.1 -> 19.9 (bf16 h_q 128, s_q 2).
+    Within that count (taken since then): h_q 16 batch 5 / 6 (16 splits) bf16 9.4 / 9.6 -> 8.9 / 8.9, fp8 10.4 /
+    10.4 -> 9.5 / 9.5; batch 12 (8 splits) 12.4 -> 11.5, 14.9 -> 13.6; batch 20 / 28 / 30 (4 splits) 19.1 / 25.5 /
+    26.8 -> 18.2 / 24.1 / 25.7, 23.5 / 24.3 / 24.7 -> 21.9 / 23.0 / 23.5; h_q 32 within -0.4 / +0.4 µs."""
     n = next_power_of_2(max(int(num_splits), 1))
     if kernel_sm90 is None or n < 2 or n > (kernel_sm90.MAX_CLUSTER if num_sms >= 132 else 8):
         return 0
-    if force or (block_h < 64 and (n == 2 or programs * n <= num_sms // 2)):
+    if force or n == 2 and block_h < 64:
+        return n
+    fits = max_clusters(n) if max_clusters is not None else None
+    if block_h < 64 and (programs <= fits if fits is not None else programs * n <= num_sms // 2):
         return n
     return 0
 
@@ -485,7 +497,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         return out, max_logits, lse
     cluster = 0
     if use_sm90 and cfg.get("cluster", True) is not False:
-        cluster = cluster_size(num_splits, T * n_hg, bh, _num_sms(dev), force=cfg.get("cluster") is True)
+        dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cluster = cluster_size(num_splits, T * n_hg, bh, _num_sms(dev), force=cfg.get("cluster") is True,
+                               max_clusters=lambda n: kernel_sm90.max_active_clusters(n, dev_index))
     ns_alloc = max(num_splits, cluster)
     o_part = torch.empty(ns_alloc, T, h_q, d_v, dtype=torch.float32, device=dev)
     lse_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)

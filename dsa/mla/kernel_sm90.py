@@ -96,7 +96,11 @@ read at 3.9 TB/s. A kernel with no bf16 tile at all (branch ``mla-sync``, ``kern
 f16 on the raw bytes converted in registers, each of 4 warps owning one 128-value group, the scales applied to the
 logits and to P) reached parity, not a gain: 71.8 / 42.7 / 26.3 / 10.6 us at batch 128 / 64 / 32 / 1 against this
 kernel's 71.8 / 41.7 / 25.5 / 9.1. Its copies alone (no math) took 35.6 of its 43.9 us at batch 64: the gather in
-that form (1-2 tiles of 41 KB in flight per SM) bounds it.
+that form (1-2 tiles of 41 KB in flight per SM) bounds it. (That branch did not survive; its numbers are in
+BENCHMARKS.md.) Twenty-third session: the fixed cost of a launch (start, q, first copies, output, merge) is only 6 us
+at batch 64 (``benchmarks/decode_fixed_cost.py``); the rest is 2.1-2.4 us per 64-row tile per SM. The read-only walk
+reaches 3.1-3.3 TB/s only with 4 or more programs per SM resident (2.7 TB/s with 2;
+``benchmarks/gather_ceiling.py programs``), which one CTA per SM with 1-3 tiles in flight does not give.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
@@ -1031,6 +1035,60 @@ def supported(q: torch.Tensor, kv: torch.Tensor, block_h: int) -> bool:
 
 #: largest cluster (split count merged inside the kernel): 16 CTAs is the largest (non-portable) size on Hopper
 MAX_CLUSTER = 16
+
+#: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` and
+#: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`` (cuda.h)
+_DYN_SMEM_ATTR, _NON_PORTABLE_ATTR, _CLUSTER_DIM_LAUNCH_ATTR = 8, 14, 4
+#: the probe's shared memory: over half an SM's, so one CTA per SM, as every small-head variant (160-225 KiB)
+_PROBE_SMEM = 160 * 1024
+
+
+@triton.jit
+def _cluster_probe(x_ptr):
+    """Compiled, never launched: the function :func:`max_active_clusters` asks the driver about."""
+    pass
+
+
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", _Dim3)]
+
+
+class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=None)
+def max_active_clusters(n: int, device_index: int = 0) -> int | None:
+    """How many clusters of ``n`` CTAs, one CTA per SM, GPU ``device_index`` runs at once
+    (``cuOccupancyMaxActiveClusters`` on a probe kernel); None when the driver cannot say. A cluster's CTAs must
+    sit in one GPC, so this is below ``num_sms // n`` where a GPC's SM count is not a multiple of ``n``. H200
+    (132 SMs; BENCHMARKS.md, twenty-third session): 66 / 30 / 15 / 7 clusters of 2 / 4 / 8 / 16."""
+    try:
+        with torch.cuda.device(device_index):
+            probe = _cluster_probe.warmup(torch.float32, grid=(1, ))
+            probe._init_handles()
+            lib = _libcuda()
+            fn = ctypes.c_void_p(probe.function)
+            if (lib.cuFuncSetAttribute(fn, _DYN_SMEM_ATTR, _PROBE_SMEM) != 0
+                    or lib.cuFuncSetAttribute(fn, _NON_PORTABLE_ATTR, 1) != 0):
+                return None
+            attr = _LaunchAttr(id=_CLUSTER_DIM_LAUNCH_ATTR)
+            attr.value.cluster_dim = _Dim3(n, 1, 1)
+            cfg = _LaunchConfig((n, 1, 1), (128, 1, 1), _PROBE_SMEM, None, ctypes.pointer(attr), 1)
+            count = ctypes.c_int(0)
+            rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), fn, ctypes.byref(cfg))
+    except Exception:  # (no driver library, or a Triton whose compiled kernels differ: the caller's fallback)
+        return None
+    return int(count.value) if rc == 0 else None
 
 
 def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
