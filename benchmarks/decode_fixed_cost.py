@@ -64,7 +64,8 @@ def case(fmt, h, B, sm=576 ** -0.5):
         tiles = -(-topk // 64) // n_split if topk else 0
         rows.append((topk, n_split, tiles, us, kt))
         ks = ", ".join(f"{k} {v:.1f}" for k, v in kt.items())
-        print(f"{fmt} h{h} B{B} topk {topk} splits {n_split} tiles/program {tiles}: {us:.1f} us graph; {ks}", flush=True)
+        print(f"{fmt} h{h} B{B} topk {topk} splits {n_split} tiles/program {tiles}: {us:.1f} us graph; {ks}",
+              flush=True)
     return rows
 
 

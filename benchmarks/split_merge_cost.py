@@ -8,6 +8,7 @@ second wave in clusters; :func:`dsa.mla.kernel.cluster_size` asks the driver for
     python benchmarks/split_merge_cost.py                     # 4 splits, batch 16-32
     python benchmarks/split_merge_cost.py --default-splits    # the default split count, batch 1-30
     python benchmarks/split_merge_cost.py --default-splits --fp8_ds_mla --h16 --batches 22,23,24
+    python benchmarks/split_merge_cost.py --default-splits --h16 --batches 5,12,20,30 --baseline  # + PyTorch
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import os
 import sys
 
 import torch
-from triton.testing import do_bench_cudagraph
+from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as K  # noqa: E402
-from dsa.bench import mla_inputs  # noqa: E402
+from dsa.bench import mla_baseline, mla_inputs  # noqa: E402
 
 
 #: batch sizes from the command line (``--batches 22,23,24``), else each mode's own
@@ -34,22 +35,23 @@ class _NoMerge:
 def main():
     sm = 576 ** -0.5
     default = "--default-splits" in sys.argv
+    baseline = "--baseline" in sys.argv
     fmts = [a for a in ("bf16", "fp8_ds_mla") if f"--{a}" in sys.argv] or ["bf16", "fp8_ds_mla"]
     heads = [h for h in (16, 32) if f"--h{h}" in sys.argv] or [16, 32]
     counts = {n: K.kernel_sm90.max_active_clusters(n, torch.cuda.current_device()) for n in (2, 4, 8, 16)}
     print("clusters of n CTAs (one per SM) that run at once:", ", ".join(f"{n}: {c}" for n, c in counts.items()))
     print("| cache | h_q | batch | splits | merge kernel µs | no merge (timing only) µs | in-kernel merge µs "
-          "| default µs (its merge) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| default µs (its merge) |" + (" PyTorch µs |" if baseline else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if baseline else ""))
     for fmt in fmts:
         for h in heads:
             for B in BATCHES or ((1, 2, 4, 5, 6, 8, 12, 16, 20, 24, 28, 30) if default else (16, 28, 30, 31, 32)):
+                if h == 32 and B <= K.SM90_TWO_GROUPS_MAX_T:
+                    continue  # (two 16-head groups there)
                 q, kv, idx = mla_inputs(B, h, 2048, B, 32768, fmt, dev="cuda")
                 flat = kv.reshape(-1, kv.shape[-1])
                 out = torch.empty(B, h, 512, dtype=torch.bfloat16, device="cuda")
                 ns = K.choose_num_splits(B, 1, 2048, K._num_sms(q.device), 64, 1) if default else 4
-                if h == 32 and B <= K.SM90_TWO_GROUPS_MAX_T:
-                    continue  # (two 16-head groups there)
 
                 def run(cluster):
                     if cluster is None:  # the default launch, as sparse_mla makes it
@@ -80,8 +82,14 @@ def main():
                     t["none"] = do_bench_cudagraph(lambda: run(False), rep=200, return_mode="median") * 1e3
                 finally:
                     K._sparse_mla_combine_kernel = keep
-                print(f"| {fmt} | {h} | {B} | {ns} | {t['merge']:.1f} | {t['none']:.1f} | {t['cluster']:.1f} | {t['default']:.1f} ({merge}) |",
-                      flush=True)
+                base = ""
+                if baseline:  # PyTorch gather + bmm (eager do_bench), checked against the default launch
+                    chunk = max(1, (1 << 30) // (2048 * 576 * 2 + h * 2048 * 6))
+                    err = (mla_baseline(q, kv, idx, sm, chunk).float() - run(None)[0].float()).abs().max().item()
+                    ms = do_bench(lambda: mla_baseline(q, kv, idx, sm, chunk), rep=100, warmup=10)
+                    base = f" {ms * 1e3:.1f} (max diff {err:.2g}) |"
+                print(f"| {fmt} | {h} | {B} | {ns} | {t['merge']:.1f} | {t['none']:.1f} | {t['cluster']:.1f} | "
+                      f"{t['default']:.1f} ({merge}) |{base}", flush=True)
                 del q, kv, idx, flat, out
                 torch.cuda.empty_cache()
 

@@ -405,12 +405,14 @@ def test_cluster_size():
     assert cluster_size(8, 4, 16, 78) == 8
     # with the GPU's count of clusters that run at once (the H200's 66 / 30 / 15 / 7 clusters of 2 / 4 / 8 / 16)
     fits = {2: 66, 4: 30, 8: 15, 16: 7}.get
-    assert cluster_size(16, 7, 16, 132, max_clusters=fits) == 16 and cluster_size(16, 8, 16, 132, max_clusters=fits) == 0
+    assert cluster_size(16, 7, 16, 132, max_clusters=fits) == 16
+    assert cluster_size(16, 8, 16, 132, max_clusters=fits) == 0
     assert cluster_size(4, 30, 16, 132, max_clusters=fits) == 4 and cluster_size(4, 31, 32, 132, max_clusters=fits) == 0
     assert cluster_size(5, 15, 32, 132, max_clusters=fits) == 8 and cluster_size(8, 16, 16, 132, max_clusters=fits) == 0
     assert cluster_size(8, 2, 64, 132, max_clusters=fits) == 0 and cluster_size(2, 66, 16, 132, max_clusters=fits) == 2
     unknown = lambda n: None  # noqa: E731  (the driver could not say: at most half the SMs in CTAs)
-    assert cluster_size(4, 16, 16, 132, max_clusters=unknown) == 4 and cluster_size(4, 17, 16, 132, max_clusters=unknown) == 0
+    assert cluster_size(4, 16, 16, 132, max_clusters=unknown) == 4
+    assert cluster_size(4, 17, 16, 132, max_clusters=unknown) == 0
 
 
 def test_choose_num_splits():
