@@ -73,7 +73,10 @@ tile ahead (-2% to +1%; +5% at 64 heads); every producer's two of its tiles ahea
 slower); the tile buffers filled and released in halves, as the ping-pong's are (9-12% slower at 16 heads). Persistent
 programs for 16/32-head groups over the bf16 cache, as the ping-pong's (prefill h_q 16 -3.1 / +0.3%, h_q 32 +0.8 /
 +0.8% in two runs); the ping-pong's persistent programs taking their items from an atomic counter instead of the static
-walk (9% slower than one program per item, h_q 64 and 128).
+walk (9% slower than one program per item, h_q 64 and 128). For 16-head fp8 groups, QK run by the two producer
+warpgroups (K dequantised into registers and renamed into the wgmma A fragment at no cost, the logits handed to the
+math warpgroup through shared memory, which keeps the softmax and P.V): correct, and 12-31% slower from batch 24 on
+(batch 64 49.2-54.4 against 41.6 us; prefill 14-18%): the producers' fill, not the math warpgroup, sets the tile.
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
