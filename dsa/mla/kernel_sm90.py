@@ -78,7 +78,9 @@ warpgroups (K dequantised into registers and renamed into the wgmma A fragment a
 math warpgroup through shared memory, which keeps the softmax and P.V): correct, and 12-31% slower from batch 24 on
 (batch 64 49.2-54.4 against 41.6 us; prefill 14-18%): the producers' fill then outlasts the math warpgroup's tile.
 The converse, the producers' dequantisation done before they wait for their buffer (only the stores after it):
-within -0.4 / +1.6%, so in the default the math warpgroup's tile is at least as long as the fill.
+within -0.4 / +1.6%, so in the default the math warpgroup's tile is at least as long as the fill. A 32-head group as
+two 16-head math warpgroups sharing each tile (own q, P and softmax each): fp8 7-29% slower, bf16 3-9% (each reads the
+whole tile as its operands).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
