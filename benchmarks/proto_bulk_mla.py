@@ -73,8 +73,10 @@ def layouts(stages):
 
 @gluon.jit
 def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES: gl.constexpr,
-            V_OFF: gl.constexpr, R_OFF: gl.constexpr, BAR_OFF: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr):
-    lay: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
+            V_OFF: gl.constexpr, R_OFF: gl.constexpr, BAR_OFF: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr,
+            LWW: gl.constexpr):
+    """Tiles ``W, W + STEP, ...``; the partition's ``LWW`` warps split each tile's rows."""
+    lay: gl.constexpr = gl.BlockedLayout([BN // (32 * LWW)], [32], [LWW], [0])
     r = gl.arange(0, BN, lay)
     n = start + W * BN + r
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
@@ -201,7 +203,7 @@ def _math(vqk, vpv, rqk, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr,
 @gluon.jit
 def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr, lse_ptr, ml_ptr, T, S, topk,
                   split_len, sm_scale_log2, STAGES: gl.constexpr, LW: gl.constexpr, MW: gl.constexpr,
-                  SKIP: gl.constexpr, VQK: gl.constexpr,
+                  SKIP: gl.constexpr, LWW: gl.constexpr, VQK: gl.constexpr,
                   VPV: gl.constexpr, RQK: gl.constexpr, V_OFF: gl.constexpr, R_OFF: gl.constexpr,
                   BAR_OFF: gl.constexpr):
     t64 = gl.program_id(1).to(gl.int64)
@@ -223,10 +225,10 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         (_math, (vbuf, vpv, rbuf, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                  stop, n_tiles, S, sm_scale_log2, STAGES, MW, SKIP)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, V_OFF, R_OFF, BAR_OFF, 0,
-                   2)),
+                   2, LWW)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, V_OFF, R_OFF, BAR_OFF, 1,
-                   2)),
-    ], [1, 1], [48, 48])
+                   2, LWW)),
+    ], [LWW, LWW], [48, 48])
     vbuf._keep_alive()  # (the copies write them by address: never let an unused view drop them)
     rbuf._keep_alive()
 
@@ -242,19 +244,19 @@ def offsets(ttgir: str, stages: int):
     return v[0], r[0], b[0]
 
 
-def _consts(stages, lw=2, mw=4, skip=0):
+def _consts(stages, lw=2, mw=4, skip=0, lww=1):
     vqk, vpv, rqk = layouts(stages)
-    return dict(STAGES=stages, LW=lw, MW=mw, SKIP=skip, VQK=vqk, VPV=vpv, RQK=rqk, V_OFF=0, R_OFF=0, BAR_OFF=0)
+    return dict(STAGES=stages, LW=lw, MW=mw, SKIP=skip, LWW=lww, VQK=vqk, VPV=vpv, RQK=rqk, V_OFF=0, R_OFF=0, BAR_OFF=0)
 
 
-def compile_only(stages=2, mw=4):
+def compile_only(stages=2, mw=4, skip=0, lww=1):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _proto_kernel
     ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", zero_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
                 ml_ptr="*fp32")
-    consts = _consts(stages, 2, mw)
+    consts = _consts(stages, 2, mw, skip, lww)
 
     def build():
         sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
@@ -278,15 +280,15 @@ def compile_only(stages=2, mw=4):
 
     ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", sass, re.M))
     keep = ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL")
-    print(f"stages {stages}, math warps {mw}: offsets {consts['V_OFF']}, {consts['R_OFF']}, {consts['BAR_OFF']}; shared "
-          f"{k.metadata.shared} B")
+    print(f"stages {stages}, math warps {mw}, skip {skip}, warps per loader {lww}: offsets {consts['V_OFF']}, "
+          f"{consts['R_OFF']}, {consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print({o: c for o, c in sorted(ops.items()) if any(o.startswith(x) for x in keep)})
 
 
 _OFFS = {}
 
 
-def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0):
+def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, lww=1):
     """bf16 cache ``kv`` [S, 576], ``q`` [T, 16, 576], ``idx`` [T, topk]: ``(out, max_logits, lse)`` as
     :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the library's merge kernel."""
     from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
@@ -301,14 +303,15 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0):
     lse_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
     zero = torch.zeros(576, dtype=torch.bfloat16, device=dev)
-    consts = _consts(stages, 2, mw, skip)
+    consts = _consts(stages, 2, mw, skip, lww)
     args = (q, q.stride(0), kv, zero, idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk, split_len,
             float(sm_scale) * 1.4426950408889634)
     grid = (ns, T)
-    if (stages, mw, skip) not in _OFFS:
+    key = (stages, mw, skip, lww)
+    if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=mw, **consts)
-        _OFFS[stages, mw, skip] = offsets(k.asm["ttgir"], stages)
-    consts.update(zip(("V_OFF", "R_OFF", "BAR_OFF"), _OFFS[stages, mw, skip]))
+        _OFFS[key] = offsets(k.asm["ttgir"], stages)
+    consts.update(zip(("V_OFF", "R_OFF", "BAR_OFF"), _OFFS[key]))
     _proto_kernel[grid](*args, num_warps=mw, **consts)
     out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=dev)
     ml = torch.empty(T, h_q, dtype=torch.float32, device=dev)
@@ -351,34 +354,36 @@ def main():
         fin = torch.isfinite(ref[2])
         d_lse = (got[2][fin] - ref[2][fin]).abs().max().item() if fin.any() else 0.0
         same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2])))
-        print(f"check T {T} splits {ns} (8 math warps): max |out - ref| {d_out:.5f}, max |lse - ref| {d_lse:.2e}, inf pattern "
-              f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}", flush=True)
+        print(f"check T {T} splits {ns} (8 math warps): max |out - ref| {d_out:.5f}, max |lse - ref| {d_lse:.2e}, "
+              f"inf pattern {'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}",
+              flush=True)
     rows = []
     for T in (32, 64, 128):
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "bf16", dev=dev)
         flat = kv.reshape(-1, 576)
         ms_lib = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale))
-        for ns in ((4, 2) if T == 32 else (2, 1) if T == 64 else (1, )):
+        for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, )):
             ms_same = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale, num_splits=ns))
-            ms_c = ms_of(lambda: proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, 4, 1))
-            print(f"T {T} splits {ns}: the prototype's copies alone (SKIP 1, merge kernel included) {ms_c * 1e3:.1f} us",
-                  flush=True)
-            for mw in (4, ):
+            for lww in (1, 2):
                 try:
+                    ms_c = ms_of(lambda: proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, 4, 1, lww))
                     if T == 32 and ns == 4:  # each variant once against the reference at the timed shape
                         ref = sparse_mla_ref(q, flat, idx, sm_scale)
-                        d = (proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, mw)[0].float() - ref[0].float()).abs()
-                        print(f"check T 32, {mw} math warps: max |out - ref| {d.max().item():.5f}", flush=True)
-                    ms_p = ms_of(lambda: proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, mw))
+                        got = proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, 4, 0, lww)[0]
+                        d = (got.float() - ref[0].float()).abs()
+                        print(f"check T 32, {lww} warps per loader: max |out - ref| {d.max().item():.5f}", flush=True)
+                    ms_p = ms_of(lambda: proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, 4, 0, lww))
                 except Exception as e:
-                    print(f"T {T} splits {ns} math warps {mw}: {type(e).__name__}: {e}"[:300], flush=True)
+                    print(f"T {T} splits {ns} loader warps {lww}: {type(e).__name__}: {e}"[:300], flush=True)
                     continue
-                rows.append((T, ns, mw, ms_lib, ms_same, ms_p))
-                print(f"T {T} splits {ns} math warps {mw}: library default {ms_lib * 1e3:.1f} us, library at these "
-                      f"splits {ms_same * 1e3:.1f}, prototype {ms_p * 1e3:.1f}", flush=True)
-    print(f"\n{'batch':>5} {'splits':>6} {'math warps':>10} {'default us':>10} {'same splits':>11} {'prototype':>9}")
-    for T, ns, mw, a, b, c in rows:
-        print(f"{T:5d} {ns:6d} {mw:10d} {a * 1e3:10.1f} {b * 1e3:11.1f} {c * 1e3:9.1f}")
+                rows.append((T, ns, 2 * lww, ms_lib, ms_same, ms_c, ms_p))
+                print(f"T {T} splits {ns}, {2 * lww} loader warps: library default {ms_lib * 1e3:.1f} us, library at "
+                      f"these splits {ms_same * 1e3:.1f}, prototype's copies alone {ms_c * 1e3:.1f}, prototype "
+                      f"{ms_p * 1e3:.1f}", flush=True)
+    print(f"\n{'batch':>5} {'splits':>6} {'loader warps':>12} {'default us':>10} {'same splits':>11} "
+          f"{'copies alone':>12} {'prototype':>9}")
+    for T, ns, lw, a, b, c, d in rows:
+        print(f"{T:5d} {ns:6d} {lw:12d} {a * 1e3:10.1f} {b * 1e3:11.1f} {c * 1e3:12.1f} {d * 1e3:9.1f}")
 
 
 if __name__ == "__main__":
@@ -394,7 +399,7 @@ if __name__ == "__main__":
             proto_sparse_mla(q, kv.reshape(-1, 576), idx, 576 ** -0.5, 2)
         torch.cuda.synchronize()
     elif a.compile_only:
-        compile_only(2, 4)
-        compile_only(2, 8)
+        for args in ((2, 4), (2, 8), (2, 4, 1, 1), (2, 4, 0, 2), (2, 4, 1, 2)):
+            compile_only(*args)
     else:
         main()
