@@ -223,16 +223,36 @@ def offsets(ttgir: str, parts: dict, stages: int):
     return ring[0][0], bars[0]
 
 
-def _build_sm90(consts):
+def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=()):
+    """Compile the Gluon kernel ``fn`` for sm_90a on any machine (no GPU needed): ``consts`` its constexprs,
+    ``ptrs`` its pointer arguments and their types (16-byte aligned), ``floats`` its fp32 arguments (the rest i32)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _bulk_walk_kernel
-    ptrs = dict(kv_ptr="*i32", idx_ptr="*i32", out_ptr="*i32")
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=consts["CW"]))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+
+
+def sass_counts(kernel, prefixes):
+    """How many of each SASS instruction starting with one of ``prefixes`` the compiled kernel holds (Triton's
+    bundled ``cuobjdump``)."""
+    import subprocess
+    import tempfile
+    from collections import Counter
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", sass, re.M))
+    return {o: c for o, c in sorted(ops.items()) if o.startswith(tuple(prefixes))}
+
+
+def _build_sm90(consts):
+    return compile_sm90(_bulk_walk_kernel, consts, dict(kv_ptr="*i32", idx_ptr="*i32", out_ptr="*i32"), consts["CW"])
 
 
 def _consts(row, stages, consume, lw=1, alt=0, math=0, cw=4):

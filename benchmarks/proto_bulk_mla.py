@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import allocated  # noqa: E402
+from bulk_gather import allocated, compile_sm90, sass_counts  # noqa: E402
 
 BN = gl.constexpr(64)
 VP = gl.constexpr(520)  # values row pitch in elements (1040 bytes)
@@ -250,42 +250,27 @@ def _consts(stages, lw=2, mw=4, skip=0, lww=1):
 
 
 def compile_only(stages=2, mw=4, skip=0, lww=1):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = _proto_kernel
+    """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
     ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", zero_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
                 ml_ptr="*fp32")
     consts = _consts(stages, 2, mw, skip, lww)
-
-    def build():
-        sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
-               for n in fn.arg_names}
-        attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
-        src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=mw))
-
-    k = build()
+    k = compile_sm90(_proto_kernel, consts, ptrs, mw, ("sm_scale_log2", ))
     consts.update(zip(("V_OFF", "R_OFF", "BAR_OFF"), offsets(k.asm["ttgir"], stages)))
-    k = build()
-    import subprocess
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
-    from collections import Counter
-
-    ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", sass, re.M))
-    keep = ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL")
+    k = compile_sm90(_proto_kernel, consts, ptrs, mw, ("sm_scale_log2", ))
     print(f"stages {stages}, math warps {mw}, skip {skip}, warps per loader {lww}: offsets {consts['V_OFF']}, "
           f"{consts['R_OFF']}, {consts['BAR_OFF']}; shared {k.metadata.shared} B")
-    print({o: c for o, c in sorted(ops.items()) if any(o.startswith(x) for x in keep)})
+    print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL")))
 
 
 _OFFS = {}
+_ZERO = {}
+
+
+def _zero_row(dev):
+    """The row invalid entries copy: 576 zeros, one per device (not a memset in every call)."""
+    if dev not in _ZERO:
+        _ZERO[dev] = torch.zeros(576, dtype=torch.bfloat16, device=dev)
+    return _ZERO[dev]
 
 
 def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, lww=1):
@@ -302,7 +287,7 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, l
     o_part = torch.empty(ns, T, h_q, 512, dtype=torch.float32, device=dev)
     lse_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
-    zero = torch.zeros(576, dtype=torch.bfloat16, device=dev)
+    zero = _zero_row(dev)
     consts = _consts(stages, 2, mw, skip, lww)
     args = (q, q.stride(0), kv, zero, idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk, split_len,
             float(sm_scale) * 1.4426950408889634)
