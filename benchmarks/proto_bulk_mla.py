@@ -1,4 +1,4 @@
-"""Prototype: small-head bf16 sparse-MLA decode fed by a bulk-copy ring, the math on mma.sync register operands.
+r"""Prototype: small-head bf16 sparse-MLA decode fed by a bulk-copy ring, the math on mma.sync register operands.
 
     python benchmarks/proto_bulk_mla.py                # H200: correctness against the reference, then timings
     python benchmarks/proto_bulk_mla.py --compile-only # CPU: compile for sm_90a, print its instruction counts
