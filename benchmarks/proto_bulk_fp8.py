@@ -718,13 +718,14 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--profile", action="store_true", help="two calls at batch 64, 2 splits, for Nsight Compute")
+    ap.add_argument("--hf", type=int, default=0, help="--profile's math warps (see _consts)")
     a = ap.parse_args()
     if a.profile:
         from dsa.bench import mla_inputs
 
         q, kv, idx = mla_inputs(64, 16, 2048, 64, 32768, "fp8_ds_mla", dev="cuda")
         for _ in range(2):
-            proto_sparse_mla_fp8(q, kv.reshape(-1, 656), idx, 576 ** -0.5, 2, lww=2, merge=False)
+            proto_sparse_mla_fp8(q, kv.reshape(-1, 656), idx, 576 ** -0.5, 2, lww=2, merge=False, hf=a.hf)
         torch.cuda.synchronize()
     elif a.compile_only:
         for args in ((4, 0, 1, 0), (4, 1, 1, 0), (4, 0, 2, 1), (4, 0, 1, 2)):
