@@ -173,9 +173,68 @@ def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STA
 
 
 @gluon.jit
+def _qk_half(off, B: gl.constexpr, NR: gl.constexpr):
+    """Half ``h`` of :func:`_qk_operand` (``off`` [B, NB, 8 j, 4 t], bytes ``128 g + 32 t + 16 h``): ``[B, 64 k',
+    NR]`` with k' = 16 (m >> 1) + 8 (m & 1) + 2 t + e0 (logical k = 64 h + k')."""
+    w0, w1, w2, w3 = _ld4(off)
+    c0, c1 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w0], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    c2, c3 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w1], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    c4, c5 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w2], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    c6, c7 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w3], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    lo = _j4(_halves(c0), _halves(c1), _halves(c2), _halves(c3))
+    hi = _j4(_halves(c4), _halves(c5), _halves(c6), _halves(c7))
+    f = gl.join(lo, hi)  # [b, nb, j, t, e0, m0, m1, m2]
+    f = gl.permute(f, [0, 7, 6, 5, 3, 4, 1, 2])  # [b, m2, m1, m0, t, e0, nb, j]
+    return gl.reshape(f, [B, 64, NR])
+
+
+@gluon.jit
+def _qk_step(base, off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs, b_l: gl.constexpr, B: gl.constexpr,
+             NR: gl.constexpr):
+    """One tile's partial logits (its group's values times the rows' scale, plus its rope slice) and the scales;
+    the values in two halves of k (``qa``, ``qb``: q's halves), so that fewer operand registers live at once."""
+    sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
+    sp = mma_v2(qa, gl.convert_layout(_qk_half(off_qh + base, B, NR), b_l), zs)
+    sp = mma_v2(qb, gl.convert_layout(_qk_half(off_qh + (base + 16), B, NR), b_l), sp)
+    sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
+    sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
+    return sp, sc
+
+
+@gluon.jit
+def _sum_logits(red, sp, valid, RED_L: gl.constexpr, p_l: gl.constexpr, HF: gl.constexpr, NR: gl.constexpr):
+    """The four groups' partial logits summed through shared memory (one barrier), invalid rows -inf."""
+    red.store(sp)
+    gl.thread_barrier()
+    lg = gl.convert_layout(gl.sum(gl.reshape(red.load(RED_L), [HF, 4, H, NR]), axis=1), p_l)
+    return gl.where(gl.expand_dims(valid, 1), lg, float("-inf"))
+
+
+@gluon.jit
+def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: gl.constexpr, a_l: gl.constexpr,
+             b_l: gl.constexpr, L4: gl.constexpr, B: gl.constexpr, HF: gl.constexpr, NR: gl.constexpr):
+    """One tile's online softmax and P.V; returns the new (acc, m, l, largest scales)."""
+    m_new = gl.maximum(m_i, gl.max(lg, axis=2) * sm_scale_log2)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(lg * sm_scale_log2 - gl.expand_dims(m_use, 2))
+    l_i = l_i * alpha + gl.sum(p, axis=2)
+    ms = gl.max(sc, axis=1)
+    ms = gl.where(ms > 0, ms, 1.0)
+    ratio = gl.convert_layout(gl.reshape(sc / ms[:, None], [HF, 4, NR]), gl.SliceLayout(2, L4))
+    pw = gl.convert_layout(gl.reshape(gl.expand_dims(p, 1) * gl.expand_dims(ratio, 2), [B, H, NR]), mma)
+    al = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
+    mr = gl.convert_layout(gl.reshape(ms_prev / ms, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
+    a3 = gl.convert_layout(gl.reshape(gl.expand_dims(al, 1) * gl.expand_dims(mr, 2), [B, H]), gl.SliceLayout(2, mma))
+    vt = gl.convert_layout(_pv_operand(off_pv + base, B, NR), b_l)
+    acc = mma_v2(gl.convert_layout(pw.to(gl.float16), a_l), vt, acc * gl.expand_dims(a3, 2))
+    return acc, m_new, l_i, ms
+
+
+@gluon.jit
 def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles,
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
-             RED_L: gl.constexpr, L4: gl.constexpr):
+             RED_L: gl.constexpr, L4: gl.constexpr, PIPE: gl.constexpr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
     being a split of its own in the partials (slot ``HF * sid + b // 4``)."""
@@ -259,41 +318,79 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
         n_tiles = 0
     n = start + rows
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-    for i in range(n_tiles):
-        s = i % STAGES
+    if PIPE and not SKIP:
+        # software-pipelined: tile i + 1's QK is issued before tile i's softmax and P.V, so that one hides the other
+        kh = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
+        ph = 32 * ((kh >> 1) & 3) + 4 * ((kh >> 4) & 3) + 2 * ((kh >> 3) & 1) + (kh & 1)
+        qh = qrow + (bq % 4)[:, None, None] * 128 + ph[None, None, :]
+        qa = (gl.load(qh).to(gl.float32) * gl.exp2(qe)[:, None, None]).to(gl.float16)
+        qb = (gl.load(qh + 16).to(gl.float32) * gl.exp2(qe)[:, None, None]).to(gl.float16)
+        LH: gl.constexpr = gl.BlockedLayout([1, NB, 1, 1], [1, 1, 8, 4], [B, 1, 1, 1], [1, 3, 2, 0])
+        u0 = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LH))))
+        u1 = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LH))))
+        u2 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LH))))
+        u3 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LH))))
+        off_qh = ((NR * (u0 // 4)[:, None, None, None] + 8 * u1[None, :, None, None] + u2[None, None, :, None]) * ROW
+                  + 128 * (u0 % 4)[:, None, None, None] + 32 * u3[None, None, None, :])
         valid = (idx >= 0) & (idx < S)
-        n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
+        n = start + BN + rows
         idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-        base = RING_OFF + s * (BN * ROW)
-        mbarrier.wait(full.index(s), (i // STAGES) & 1)
-        sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
-        kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
-        sp = mma_v2(q16, kq, zs)
-        sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
-        sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
-        red.store(sp)  # the partial logits, summed over the four groups through shared memory
+        mbarrier.wait(full.index(0), 0)
+        sp, sc = _qk_step(RING_OFF, off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs, b_l, B, NR)
+        lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
         gl.thread_barrier()
-        lg = gl.convert_layout(gl.sum(gl.reshape(red.load(RED_L), [HF, 4, H, NR]), axis=1), p_l)
-        lg = gl.where(gl.expand_dims(valid, 1), lg, float("-inf"))  # unscaled: exp2(lg * c - max) is one FMA
-        m_new = gl.maximum(m_i, gl.max(lg, axis=2) * sm_scale_log2)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(lg * sm_scale_log2 - gl.expand_dims(m_use, 2))
-        l_i = l_i * alpha + gl.sum(p, axis=2)
-        ms = gl.max(sc, axis=1)
-        ms = gl.where(ms > 0, ms, 1.0)
-        ratio = gl.convert_layout(gl.reshape(sc / ms[:, None], [HF, 4, NR]), gl.SliceLayout(2, L4))
-        pw = gl.convert_layout(gl.reshape(gl.expand_dims(p, 1) * gl.expand_dims(ratio, 2), [B, H, NR]), mma)
-        al = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
-        mr = gl.convert_layout(gl.reshape(ms_prev / ms, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
-        a3 = gl.convert_layout(gl.reshape(gl.expand_dims(al, 1) * gl.expand_dims(mr, 2), [B, H]),
-                               gl.SliceLayout(2, mma))
-        vt = gl.convert_layout(_pv_operand(off_pv + base, B, NR), b_l)
-        acc = mma_v2(gl.convert_layout(pw.to(gl.float16), a_l), vt, acc * gl.expand_dims(a3, 2))
-        gl.thread_barrier()  # every warp is done with the buffer
-        mbarrier.arrive(empty.index(s))
-        m_i = m_new
-        ms_prev = ms
+        for i in range(n_tiles - 1):
+            s1 = (i + 1) % STAGES
+            valid = (idx >= 0) & (idx < S)
+            n = start + (i + 2) * BN + rows
+            idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+            mbarrier.wait(full.index(s1), ((i + 1) // STAGES) & 1)
+            sp, sc_next = _qk_step(RING_OFF + s1 * (BN * ROW), off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs,
+                                   b_l, B, NR)
+            acc, m_i, l_i, ms_prev = _pv_step(lg, sc, RING_OFF + (i % STAGES) * (BN * ROW), off_pv, acc, m_i, l_i,
+                                              ms_prev, sm_scale_log2, mma, a_l, b_l, L4, B, HF, NR)
+            lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)  # (its barrier: every warp is done with tile i)
+            mbarrier.arrive(empty.index(i % STAGES))
+            gl.thread_barrier()  # every warp has read the summed logits before the next tile's partials land
+            sc = sc_next
+        acc, m_i, l_i, ms_prev = _pv_step(lg, sc, RING_OFF + ((n_tiles - 1) % STAGES) * (BN * ROW), off_pv, acc,
+                                          m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l, L4, B, HF, NR)
+    else:
+        for i in range(n_tiles):
+            s = i % STAGES
+            valid = (idx >= 0) & (idx < S)
+            n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
+            idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+            base = RING_OFF + s * (BN * ROW)
+            mbarrier.wait(full.index(s), (i // STAGES) & 1)
+            sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
+            kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
+            sp = mma_v2(q16, kq, zs)
+            sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
+            sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
+            red.store(sp)  # the partial logits, summed over the four groups through shared memory
+            gl.thread_barrier()
+            lg = gl.convert_layout(gl.sum(gl.reshape(red.load(RED_L), [HF, 4, H, NR]), axis=1), p_l)
+            lg = gl.where(gl.expand_dims(valid, 1), lg, float("-inf"))  # unscaled: exp2(lg * c - max) is one FMA
+            m_new = gl.maximum(m_i, gl.max(lg, axis=2) * sm_scale_log2)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(lg * sm_scale_log2 - gl.expand_dims(m_use, 2))
+            l_i = l_i * alpha + gl.sum(p, axis=2)
+            ms = gl.max(sc, axis=1)
+            ms = gl.where(ms > 0, ms, 1.0)
+            ratio = gl.convert_layout(gl.reshape(sc / ms[:, None], [HF, 4, NR]), gl.SliceLayout(2, L4))
+            pw = gl.convert_layout(gl.reshape(gl.expand_dims(p, 1) * gl.expand_dims(ratio, 2), [B, H, NR]), mma)
+            al = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
+            mr = gl.convert_layout(gl.reshape(ms_prev / ms, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
+            a3 = gl.convert_layout(gl.reshape(gl.expand_dims(al, 1) * gl.expand_dims(mr, 2), [B, H]),
+                                   gl.SliceLayout(2, mma))
+            vt = gl.convert_layout(_pv_operand(off_pv + base, B, NR), b_l)
+            acc = mma_v2(gl.convert_layout(pw.to(gl.float16), a_l), vt, acc * gl.expand_dims(a3, 2))
+            gl.thread_barrier()  # every warp is done with the buffer
+            mbarrier.arrive(empty.index(s))
+            m_i = m_new
+            ms_prev = ms
     # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty
     empty_row = l_i == 0.0
     inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
@@ -493,7 +590,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   split_len, sm_scale_log2, STAGES: gl.constexpr, SKIP: gl.constexpr, LWW: gl.constexpr,
                   RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
                   P2: gl.constexpr, P3: gl.constexpr, HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
-                  L4: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr):
+                  L4: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, PIPE: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles."""
     t64 = gl.program_id(1).to(gl.int64)
@@ -528,7 +625,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         red = gl.allocate_shared_memory(gl.float32, [4 * HF, H, BN // HF], RED)
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
-                        stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4)),
+                        stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, PIPE)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -574,29 +671,29 @@ def _layouts(f):
     return red, red_l, l4
 
 
-def _consts(stages, skip=0, lww=1, hf=1):
+def _consts(stages, skip=0, lww=1, hf=1, pipe=0):
     assert stages % 2 == 0, "two loaders on alternate tiles: each stage must have one"
     red, red_l, l4 = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4, QS=qs, QRS=qrs,
-                **_parts(stages))
+    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4,
+                QS=qs, QRS=qrs, PIPE=pipe, **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
              ml_ptr="*fp32")
 
 
-def compile_only(stages=4, skip=0, lww=1, hf=1):
+def compile_only(stages=4, skip=0, lww=1, hf=1, pipe=0):
     """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
-    consts = _consts(stages, skip, lww, hf)
+    consts = _consts(stages, skip, lww, hf, pipe)
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
     consts["RING_OFF"], consts["BAR_OFF"] = offsets(k.asm["ttgir"], parts, stages)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
     assert offsets(k.asm["ttgir"], parts, stages) == (consts["RING_OFF"], consts["BAR_OFF"])
-    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}: ring at {consts['RING_OFF']}, barriers at "
+    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, pipe {pipe}: ring at {consts['RING_OFF']}, barriers at "
           f"{consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL", "F2FP", "PRMT")))
     return k
@@ -606,7 +703,7 @@ _OFFS = {}
 _ZERO = {}
 
 
-def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False):
+def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False, pipe=0):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32: ``(out,
     max_logits, lse)`` as :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the
     library's merge kernel."""
@@ -627,11 +724,11 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     if poison:  # (checks: every partial value must be written)
         for t in (o_part, lse_part, ml_part):
             t.fill_(float("nan"))
-    consts = _consts(stages, skip, lww, hf)
+    consts = _consts(stages, skip, lww, hf, pipe)
     args = (q, q.stride(0), kv, _ZERO[dev], idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk, split_len,
             float(sm_scale) * 1.4426950408889634)
     grid = (ns, T)
-    key = (stages, skip, lww, hf)
+    key = (stages, skip, lww, hf, pipe)
     if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **consts)
         _OFFS[key] = offsets(k.asm["ttgir"], _parts(stages), stages)
@@ -649,7 +746,8 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     return out, ml, lse
 
 
-def main():
+def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
+    """``configs``: (warps per loader, ``hf``, ``pipe``) triples, each checked and timed."""
     from dsa.bench import mla_inputs
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
@@ -673,14 +771,14 @@ def main():
         used[idx[ok].long()] = True
         flat[~used] = 0xFF  # NaN in every fp8 value, scale and rope value of the unused rows
         ref = sparse_mla_ref(q, flat, idx, sm_scale)
-        for lww, hf in ((1, 0), (2, 0), (2, 1), (2, 2)):
-            got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True)
+        for lww, hf, pipe in configs:
+            got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, pipe=pipe)
             torch.cuda.synchronize()
             d_out = (got[0].float() - ref[0].float()).abs().max().item()
             fin = torch.isfinite(ref[2])
             d_lse = (got[2][fin] - ref[2][fin]).abs().max().item() if fin.any() else 0.0
             same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2])))
-            print(f"check T {T} splits {ns} loader warps {2 * lww}, math {('rows-QK ' if hf == 0 else '') + str(4 * max(hf, 1))} warps: max |out - ref| {d_out:.5f} (max |ref| "
+            print(f"check T {T} splits {ns} loader warps {2 * lww}, math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: max |out - ref| {d_out:.5f} (max |ref| "
                   f"{ref[0].float().abs().max().item():.3f}), max |lse - ref| {d_lse:.2e}, inf pattern "
                   f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}", flush=True)
     rows = []
@@ -692,25 +790,25 @@ def main():
         ms_lib = ms_of(lambda: sparse_mla_triton(q, kv, idx, sm_scale))
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, 2)):
             ms_walk = ms_of(lambda: bulk_walk(words, idx, walk_out, ns, 4, 0, 2, 1, 0, 4))
-            for lww, hf in ((2, 1), (1, 0), (2, 0)):
+            for lww, hf, pipe in configs:
                 try:
-                    t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf))
+                    t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf, pipe=pipe))
                          for sk, mg in ((1, False), (0, False), (0, True))]
                 except Exception as e:
                     print(f"T {T} splits {ns} loader warps {2 * lww} math warps {4 * hf}: {type(e).__name__}: {e}"[:300],
                           flush=True)
                     continue
-                rows.append((T, ns, 2 * lww, hf, ms_lib, ms_walk, *t))
-                print(f"T {T} splits {ns}, {2 * lww} loader warps, math {('rq', 'g4', 'g8')[hf]}: library default "
+                rows.append((T, ns, 2 * lww, ('rq', 'g4', 'g8')[hf] + 'p' * pipe, ms_lib, ms_walk, *t))
+                print(f"T {T} splits {ns}, {2 * lww} loader warps, math {rows[-1][3]}: library default "
                       f"{ms_lib * 1e3:.1f} us, bulk "
                       f"walk (waits) {ms_walk * 1e3:.1f}, prototype: copies alone {t[0] * 1e3:.1f}, kernel "
                       f"{t[1] * 1e3:.1f}, with the merge {t[2] * 1e3:.1f}", flush=True)
     print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype without / with the merge")
-    print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps)")
+    print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps), 'p' pipelined")
     print(f"{'batch':>5} {'splits':>6} {'loaders':>7} {'math':>4} {'default':>7} {'walk':>6} {'copies':>6} "
           f"{'kernel':>6} {'+merge':>6}")
     for r in rows:
-        print(f"{r[0]:5d} {r[1]:6d} {r[2]:7d} {('rq', 'g4', 'g8')[r[3]]:>4} "
+        print(f"{r[0]:5d} {r[1]:6d} {r[2]:7d} {r[3]:>4} "
               + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[4:], (7, 6, 6, 6, 6))))
 
 
@@ -719,6 +817,8 @@ if __name__ == "__main__":
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--profile", action="store_true", help="two calls at batch 64, 2 splits, for Nsight Compute")
     ap.add_argument("--hf", type=int, default=0, help="--profile's math warps (see _consts)")
+    ap.add_argument("--configs", default="1,0,0 2,0,0 2,1,0 2,2,0 2,1,1",
+                    help="the checked and timed (warps per loader, hf, pipe) triples")
     a = ap.parse_args()
     if a.profile:
         from dsa.bench import mla_inputs
@@ -728,7 +828,7 @@ if __name__ == "__main__":
             proto_sparse_mla_fp8(q, kv.reshape(-1, 656), idx, 576 ** -0.5, 2, lww=2, merge=False, hf=a.hf)
         torch.cuda.synchronize()
     elif a.compile_only:
-        for args in ((4, 0, 1, 0), (4, 1, 1, 0), (4, 0, 2, 1), (4, 0, 1, 2)):
+        for args in ((4, 0, 1, 0), (4, 1, 1, 0), (4, 0, 2, 1), (4, 0, 2, 1, 1), (4, 1, 2, 1, 1), (4, 0, 1, 2)):
             compile_only(*args)
     else:
-        main()
+        main(tuple(tuple(int(x) for x in c.split(',')) for c in a.configs.split()))
