@@ -251,6 +251,45 @@ def sass_counts(kernel, prefixes):
     return {o: c for o, c in sorted(ops.items()) if o.startswith(tuple(prefixes))}
 
 
+def poisoned_case(T: int, kv_format: str, dev="cuda"):
+    """The prototypes' correctness case: ``(q, flat cache rows, idx)`` of T decode tokens (16 heads, topk 2048 of
+    32K each, ``dsa.bench.mla_inputs``) with 5% of the entries invalid (-1 or past the cache), token 1 without any
+    valid entry when T is 3, and NaN in every cache row no entry uses (bf16 NaN; 0xFF bytes for fp8_ds_mla: NaN
+    values, scales and rope)."""
+    from dsa.bench import mla_inputs
+
+    q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, kv_format, seed=T, dev=dev)
+    flat = kv.reshape(-1, kv.shape[-1])
+    g = torch.Generator(device=dev).manual_seed(7)
+    idx = idx.clone()
+    bad = torch.rand(idx.shape, generator=g, device=dev) < 0.05
+    idx[bad] = torch.where(torch.rand(idx.shape, generator=g, device=dev)[bad] < 0.5, -1, flat.shape[0] + 5
+                           ).to(torch.int32)
+    if T == 3:
+        idx[1] = -1  # a row with no valid entry
+    used = torch.zeros(flat.shape[0], dtype=torch.bool, device=dev)
+    ok = (idx >= 0) & (idx < flat.shape[0])
+    used[idx[ok].long()] = True
+    flat[~used] = float("nan") if flat.dtype == torch.bfloat16 else 0xFF
+    return q, flat, idx
+
+
+def merge_partials(o_part, lse_part, ml_part):
+    """The library's split merge (``_sparse_mla_combine_kernel``) over a prototype's partials ``o_part`` [NS, T, h,
+    512] f32, ``lse_part`` / ``ml_part`` [NS, T, h] (log2 units): ``(out [T, h, 512] bf16, max_logits, lse)``."""
+    from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
+
+    ns, T, h_q, _ = o_part.shape
+    out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=o_part.device)
+    ml = torch.empty(T, h_q, dtype=torch.float32, device=o_part.device)
+    lse = torch.empty(T, h_q, dtype=torch.float32, device=o_part.device)
+    mc = combine_config(T, h_q, ns, 512)
+    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(512, mc["DC"]))](
+        o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, T, h_q, ns, D=512,
+        HAS_SINK=False, **mc)
+    return out, ml, lse
+
+
 def _build_sm90(consts):
     return compile_sm90(_bulk_walk_kernel, consts, dict(kv_ptr="*i32", idx_ptr="*i32", out_ptr="*i32"), consts["CW"])
 

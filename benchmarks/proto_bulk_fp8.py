@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import bulk_walk, compile_sm90, offsets, sass_counts  # noqa: E402
+from bulk_gather import bulk_walk, compile_sm90, merge_partials, offsets, poisoned_case, sass_counts  # noqa: E402
 
 BN = gl.constexpr(64)
 ROW = gl.constexpr(656)
@@ -93,10 +93,9 @@ def _ld4(addr):
 
 
 @gluon.jit
-def _qk_operand(off, B: gl.constexpr, NR: gl.constexpr):
-    """The QK B operand ``[4 g, 128 k, 64 n]`` f16 from ``off`` [4 g, 8 nb, 8 j, 4 t, 2 h] (shared offsets of row
-    ``8 nb + j``, bytes ``128 g + 32 t + 16 h``); logical k = 64 h + 16 (m >> 1) + 8 (m & 1) + 2 t + e0 for byte
-    ``2 m + e0`` of the load."""
+def _cvt16(off):
+    """16 fp8 bytes per element of ``off`` (shared offsets), as f16 along four new last dimensions
+    ``[..., e0, m0, m1, m2]``: byte ``2 m + e0`` with m = m0 + 2 m1 + 4 m2 (``cvt.rn.f16x2.e4m3x2``, exact)."""
     w0, w1, w2, w3 = _ld4(off)
     c0, c1 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w0], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     c2, c3 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w1], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
@@ -104,7 +103,69 @@ def _qk_operand(off, B: gl.constexpr, NR: gl.constexpr):
     c6, c7 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w3], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     lo = _j4(_halves(c0), _halves(c1), _halves(c2), _halves(c3))
     hi = _j4(_halves(c4), _halves(c5), _halves(c6), _halves(c7))
-    f = gl.join(lo, hi)  # [4 g, 8 nb, 8 j, 4 t, 2 h, 2 e0, 2 m0, 2 m1, 2 m2]
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _load_q(q_ptr, stride_qt, t64, a_l: gl.constexpr, B: gl.constexpr):
+    """q's values ``[B, 16, 128]`` f32 in ``a_l`` (batch ``b``: group ``b % 4``), in the permuted k order of
+    :func:`_qk_operand`, and each batch's power of two ``qe`` [B] that puts them in f16's range (largest in
+    [2^14, 2^15))."""
+    bq = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, a_l)))
+    h = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, a_l)))
+    k = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
+    pk = 32 * ((k >> 1) & 3) + 16 * (k >> 6) + 4 * ((k >> 4) & 3) + 2 * ((k >> 3) & 1) + (k & 1)
+    qv = gl.load(q_ptr + t64 * stride_qt + h[None, :, None] * 576 + (bq % 4)[:, None, None] * 128
+                 + pk[None, None, :]).to(gl.float32)
+    qmax = gl.max(gl.max(gl.abs(qv), axis=2), axis=1)
+    return qv, gl.where(qmax > 0, 14.0 - gl.floor(gl.log2(gl.where(qmax > 0, qmax, 1.0))), 0.0)
+
+
+@gluon.jit
+def _pv_offsets(B: gl.constexpr, NR: gl.constexpr):
+    """Shared offsets within a tile for :func:`_pv_operand`: [B, KK, 2 rb, 8 j, 4 t, 2 e0], row
+    ``NR (b // 4) + 16 kk + 8 rb + 2 t + e0``, bytes ``128 (b % 4) + 16 j``."""
+    KK: gl.constexpr = NR // 16
+    LV: gl.constexpr = gl.BlockedLayout([1, KK, 2, 1, 1, 2], [1, 1, 1, 8, 4, 1], [B, 1, 1, 1, 1, 1],
+                                        [5, 2, 1, 4, 3, 0])
+    v0 = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
+        5, LV))))))
+    v1 = gl.arange(0, KK, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
+        5, LV))))))
+    v2 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
+        5, LV))))))
+    v3 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(
+        5, LV))))))
+    v4 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
+        5, LV))))))
+    v5 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
+        4, LV))))))
+    vrow = (NR * (v0 // 4)[:, None, None, None, None, None] + 16 * v1[None, :, None, None, None, None]
+            + 8 * v2[None, None, :, None, None, None] + 2 * v4[None, None, None, None, :, None]
+            + v5[None, None, None, None, None, :])
+    return vrow * ROW + 128 * (v0 % 4)[:, None, None, None, None, None] + 16 * v3[None, None, None, :, None, None]
+
+
+@gluon.jit
+def _store_partial(o, o_ptr, sid, T, t64, B: gl.constexpr, HF: gl.constexpr):
+    """P.V's normalised ``o`` [B, 16, 128] (logical column n holds value 16 (n % 8) + n // 8 of group ``b % 4``)
+    into the partials' slot ``HF sid + b // 4``: put back in order (registers only), 16-byte stores."""
+    o = gl.reshape(gl.permute(gl.reshape(o, [B, H, 16, 8]), [0, 1, 3, 2]), [B, H, 128])
+    OL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [B, 1, 1], [2, 1, 0])
+    o = gl.convert_layout(o, OL)
+    bo = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, OL)))
+    ho = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, OL)))
+    co = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, OL)))
+    orow = ((HF * sid + bo // 4) * T + t64)[:, None, None] * H + ho[None, :, None]
+    gl.store(o_ptr + orow * 512 + (bo % 4)[:, None, None] * 128 + co[None, None, :], o)
+
+
+@gluon.jit
+def _qk_operand(off, B: gl.constexpr, NR: gl.constexpr):
+    """The QK B operand ``[4 g, 128 k, 64 n]`` f16 from ``off`` [4 g, 8 nb, 8 j, 4 t, 2 h] (shared offsets of row
+    ``8 nb + j``, bytes ``128 g + 32 t + 16 h``); logical k = 64 h + 16 (m >> 1) + 8 (m & 1) + 2 t + e0 for byte
+    ``2 m + e0`` of the load."""
+    f = _cvt16(off)  # [4 g, 8 nb, 8 j, 4 t, 2 h, 2 e0, 2 m0, 2 m1, 2 m2]
     f = gl.permute(f, [0, 4, 8, 7, 6, 3, 5, 1, 2])  # [g, h, m2, m1, m0, t, e0, nb, j]
     return gl.reshape(f, [B, 128, NR])
 
@@ -176,14 +237,7 @@ def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STA
 def _qk_half(off, B: gl.constexpr, NR: gl.constexpr):
     """Half ``h`` of :func:`_qk_operand` (``off`` [B, NB, 8 j, 4 t], bytes ``128 g + 32 t + 16 h``): ``[B, 64 k',
     NR]`` with k' = 16 (m >> 1) + 8 (m & 1) + 2 t + e0 (logical k = 64 h + k')."""
-    w0, w1, w2, w3 = _ld4(off)
-    c0, c1 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w0], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c2, c3 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w1], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c4, c5 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w2], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c6, c7 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w3], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo = _j4(_halves(c0), _halves(c1), _halves(c2), _halves(c3))
-    hi = _j4(_halves(c4), _halves(c5), _halves(c6), _halves(c7))
-    f = gl.join(lo, hi)  # [b, nb, j, t, e0, m0, m1, m2]
+    f = _cvt16(off)  # [b, nb, j, t, e0, m0, m1, m2]
     f = gl.permute(f, [0, 7, 6, 5, 3, 4, 1, 2])  # [b, m2, m1, m0, t, e0, nb, j]
     return gl.reshape(f, [B, 64, NR])
 
@@ -241,7 +295,6 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     B: gl.constexpr = 4 * HF
     NR: gl.constexpr = BN // HF
     NB: gl.constexpr = NR // 8
-    KK: gl.constexpr = NR // 16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[B, 1, 1], instr_shape=[1, 16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_l: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
@@ -249,15 +302,11 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     p_l: gl.constexpr = gl.SliceLayout(1, L4)  # [HF, 16, NR]: a row range's logits
     r_l: gl.constexpr = gl.SliceLayout(2, p_l)  # [HF, 16]: its softmax state
     # ---- q in the permuted k order, f16 scaled per group by a power of two; rope bf16 ----
+    qv, qe = _load_q(q_ptr, stride_qt, t64, a_l, B)
+    q16 = (qv * gl.exp2(qe)[:, None, None]).to(gl.float16)
     bq = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, a_l)))
     h = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, a_l)))
-    k = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
-    pk = 32 * ((k >> 1) & 3) + 16 * (k >> 6) + 4 * ((k >> 4) & 3) + 2 * ((k >> 3) & 1) + (k & 1)
     qrow = q_ptr + t64 * stride_qt + h[None, :, None] * 576
-    qv = gl.load(qrow + (bq % 4)[:, None, None] * 128 + pk[None, None, :]).to(gl.float32)
-    qmax = gl.max(gl.max(gl.abs(qv), axis=2), axis=1)  # [B]
-    qe = gl.where(qmax > 0, 14.0 - gl.floor(gl.log2(gl.where(qmax > 0, qmax, 1.0))), 0.0)
-    q16 = (qv * gl.exp2(qe)[:, None, None]).to(gl.float16)
     kr = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
     pr = 4 * ((kr >> 1) & 3) + 2 * (kr >> 3) + (kr & 1)
     qr = gl.load(qrow + 512 + (bq % 4)[:, None, None] * 16 + pr[None, None, :])
@@ -279,24 +328,7 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     r3 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LR))))
     off_rope = ((NR * (r0 // 4)[:, None, None, None] + 8 * r1[None, :, None, None] + r2[None, None, :, None]) * ROW
                 + 528 + 32 * (r0 % 4)[:, None, None, None] + 8 * r3[None, None, None, :])
-    LV: gl.constexpr = gl.BlockedLayout([1, KK, 2, 1, 1, 2], [1, 1, 1, 8, 4, 1], [B, 1, 1, 1, 1, 1],
-                                        [5, 2, 1, 4, 3, 0])
-    v0 = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v1 = gl.arange(0, KK, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v2 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v3 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v4 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
-        5, LV))))))
-    v5 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
-        4, LV))))))
-    vrow = (NR * (v0 // 4)[:, None, None, None, None, None] + 16 * v1[None, :, None, None, None, None]
-            + 8 * v2[None, None, :, None, None, None] + 2 * v4[None, None, None, None, :, None]
-            + v5[None, None, None, None, None, :])
-    off_pv = vrow * ROW + 128 * (v0 % 4)[:, None, None, None, None, None] + 16 * v3[None, None, None, :, None, None]
+    off_pv = _pv_offsets(B, NR)
     sb = gl.arange(0, B, gl.SliceLayout(1, c_l))
     sn = gl.arange(0, NR, gl.SliceLayout(0, c_l))
     off_sc = (NR * (sb // 4)[:, None] + sn[None, :]) * ROW + 512 + 4 * (sb % 4)[:, None]
@@ -368,29 +400,11 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
             sp = mma_v2(q16, kq, zs)
             sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
             sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
-            red.store(sp)  # the partial logits, summed over the four groups through shared memory
-            gl.thread_barrier()
-            lg = gl.convert_layout(gl.sum(gl.reshape(red.load(RED_L), [HF, 4, H, NR]), axis=1), p_l)
-            lg = gl.where(gl.expand_dims(valid, 1), lg, float("-inf"))  # unscaled: exp2(lg * c - max) is one FMA
-            m_new = gl.maximum(m_i, gl.max(lg, axis=2) * sm_scale_log2)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(lg * sm_scale_log2 - gl.expand_dims(m_use, 2))
-            l_i = l_i * alpha + gl.sum(p, axis=2)
-            ms = gl.max(sc, axis=1)
-            ms = gl.where(ms > 0, ms, 1.0)
-            ratio = gl.convert_layout(gl.reshape(sc / ms[:, None], [HF, 4, NR]), gl.SliceLayout(2, L4))
-            pw = gl.convert_layout(gl.reshape(gl.expand_dims(p, 1) * gl.expand_dims(ratio, 2), [B, H, NR]), mma)
-            al = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
-            mr = gl.convert_layout(gl.reshape(ms_prev / ms, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
-            a3 = gl.convert_layout(gl.reshape(gl.expand_dims(al, 1) * gl.expand_dims(mr, 2), [B, H]),
-                                   gl.SliceLayout(2, mma))
-            vt = gl.convert_layout(_pv_operand(off_pv + base, B, NR), b_l)
-            acc = mma_v2(gl.convert_layout(pw.to(gl.float16), a_l), vt, acc * gl.expand_dims(a3, 2))
+            lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
+            acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l,
+                                              b_l, L4, B, HF, NR)
             gl.thread_barrier()  # every warp is done with the buffer
             mbarrier.arrive(empty.index(s))
-            m_i = m_new
-            ms_prev = ms
     # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty
     empty_row = l_i == 0.0
     inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
@@ -403,16 +417,7 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     iv = gl.convert_layout(inv, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
     mp = gl.convert_layout(gl.reshape(ms_prev, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
     f3 = gl.convert_layout(gl.reshape(gl.expand_dims(iv, 1) * gl.expand_dims(mp, 2), [B, H]), gl.SliceLayout(2, mma))
-    # logical column n holds value 16 (n % 8) + n // 8 of the group: reorder (registers only) so that each thread's
-    # 16 consecutive values are adjacent, for 16-byte stores
-    o = gl.reshape(gl.permute(gl.reshape(acc * gl.expand_dims(f3, 2), [B, H, 16, 8]), [0, 1, 3, 2]), [B, H, 128])
-    OL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [B, 1, 1], [2, 1, 0])
-    o = gl.convert_layout(o, OL)
-    bo = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, OL)))
-    ho = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, OL)))
-    co = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, OL)))
-    orow = ((HF * sid + bo // 4) * T + t64)[:, None, None] * H + ho[None, :, None]
-    gl.store(o_ptr + orow * 512 + (bo % 4)[:, None, None] * 128 + co[None, None, :], o)
+    _store_partial(acc * gl.expand_dims(f3, 2), o_ptr, sid, T, t64, B, HF)
 
 
 @gluon.jit
@@ -420,14 +425,7 @@ def _qk_rows_operand(off):
     """The QK B operand ``[128 k, 64 n]`` f16 of one group for :func:`_math_rq` from ``off`` [4 w, 2 nb, 8 j, 4 t,
     2 h] (row ``32 nb + 8 w + j``: mma_v2 with 4 warps along N gives warp w rows 8 w + 32 nb + j; bytes
     ``128 g + 32 t + 16 h``): k as in :func:`_qk_operand`."""
-    w0, w1, w2, w3 = _ld4(off)
-    c0, c1 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w0], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c2, c3 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w1], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c4, c5 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w2], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    c6, c7 = gl.inline_asm_elementwise(_CVT2, "=r,=r,r", [w3], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo = _j4(_halves(c0), _halves(c1), _halves(c2), _halves(c3))
-    hi = _j4(_halves(c4), _halves(c5), _halves(c6), _halves(c7))
-    f = gl.join(lo, hi)  # [w, nb, j, t, h, e0, m0, m1, m2]
+    f = _cvt16(off)  # [w, nb, j, t, h, e0, m0, m1, m2]
     f = gl.permute(f, [4, 8, 7, 6, 3, 5, 1, 0, 2])  # [h, m2, m1, m0, t, e0, nb, w, j]
     return gl.reshape(f, [128, 64])
 
@@ -456,14 +454,8 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     s_l: gl.constexpr = mr2  # [16 heads, 64 rows], warps along the rows
     # ---- q, once: f16 in the permuted k order scaled per group by a power of two, rope bf16; kept in shared memory
     a_pv: gl.constexpr = gl.DotOperandLayout(0, mpv, 2)
+    qv, qe = _load_q(q_ptr, stride_qt, t64, a_pv, 4)
     g = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, a_pv)))
-    h = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, a_pv)))
-    k = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, a_pv)))
-    pk = 32 * ((k >> 1) & 3) + 16 * (k >> 6) + 4 * ((k >> 4) & 3) + 2 * ((k >> 3) & 1) + (k & 1)
-    qrow = q_ptr + t64 * stride_qt + h[None, :, None] * 576
-    qv = gl.load(qrow + g[:, None, None] * 128 + pk[None, None, :]).to(gl.float32)
-    qmax = gl.max(gl.max(gl.abs(qv), axis=2), axis=1)  # [4]
-    qe = gl.where(qmax > 0, 14.0 - gl.floor(gl.log2(gl.where(qmax > 0, qmax, 1.0))), 0.0)
     qinv = (gl.exp2(-gl.sum(gl.where(g == 0, qe, 0.0), axis=0)), gl.exp2(-gl.sum(gl.where(g == 1, qe, 0.0), axis=0)),
             gl.exp2(-gl.sum(gl.where(g == 2, qe, 0.0), axis=0)), gl.exp2(-gl.sum(gl.where(g == 3, qe, 0.0), axis=0)))
     q_smem = gl.allocate_shared_memory(gl.float16, [4 * H, 128], QS,
@@ -493,23 +485,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     off_rope = ((8 * z0[:, None, None, None, None] + 32 * z1[None, :, None, None, None]
                  + z2[None, None, :, None, None]) * ROW + 528 + 32 * z3[None, None, None, :, None]
                 + 16 * z4[None, None, None, None, :])
-    LV: gl.constexpr = gl.BlockedLayout([1, 4, 2, 1, 1, 2], [1, 1, 1, 8, 4, 1], [4, 1, 1, 1, 1, 1],
-                                        [5, 2, 1, 4, 3, 0])
-    v0 = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v1 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v2 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v3 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(
-        5, LV))))))
-    v4 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
-        5, LV))))))
-    v5 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(
-        4, LV))))))
-    vrow = (16 * v1[None, :, None, None, None, None] + 8 * v2[None, None, :, None, None, None]
-            + 2 * v4[None, None, None, None, :, None] + v5[None, None, None, None, None, :])
-    off_pv = vrow * ROW + 128 * v0[:, None, None, None, None, None] + 16 * v3[None, None, None, :, None, None]
+    off_pv = _pv_offsets(4, 64)
     nq = gl.arange(0, BN, gl.SliceLayout(0, mr2))
     off_scq = nq * ROW + 512  # group g's scale at + 4 g
     cp: gl.constexpr = gl.SliceLayout(1, mpv)  # [4 groups, 64 rows] as P.V needs them
@@ -575,14 +551,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     iv = gl.convert_layout(inv, gl.SliceLayout(0, gl.SliceLayout(2, mpv)))
     mp = gl.convert_layout(ms_prev, gl.SliceLayout(1, gl.SliceLayout(2, mpv)))
     f3 = gl.expand_dims(gl.expand_dims(iv, 0) * gl.expand_dims(mp, 1), 2)
-    o = gl.reshape(gl.permute(gl.reshape(acc * f3, [4, H, 16, 8]), [0, 1, 3, 2]), [4, H, 128])
-    OL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-    o = gl.convert_layout(o, OL)
-    bo = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, OL)))
-    ho = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, OL)))
-    co = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, OL)))
-    orow = (sid * T + t64) * H + ho[None, :, None]
-    gl.store(o_ptr + orow * 512 + bo[:, None, None] * 128 + co[None, None, :], o)
+    _store_partial(acc * f3, o_ptr, sid, T, t64, 4, 1)
 
 
 @gluon.jit
@@ -693,8 +662,8 @@ def compile_only(stages=4, skip=0, lww=1, hf=1, pipe=0):
     consts["RING_OFF"], consts["BAR_OFF"] = offsets(k.asm["ttgir"], parts, stages)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
     assert offsets(k.asm["ttgir"], parts, stages) == (consts["RING_OFF"], consts["BAR_OFF"])
-    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, pipe {pipe}: ring at {consts['RING_OFF']}, barriers at "
-          f"{consts['BAR_OFF']}; shared {k.metadata.shared} B")
+    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, pipe {pipe}: ring at "
+          f"{consts['RING_OFF']}, barriers at {consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL", "F2FP", "PRMT")))
     return k
 
@@ -703,12 +672,11 @@ _OFFS = {}
 _ZERO = {}
 
 
-def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False, pipe=0):
+def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
+                         pipe=0):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32: ``(out,
     max_logits, lse)`` as :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the
     library's merge kernel."""
-    from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
-
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
     S, topk = kv.shape[0], idx.shape[1]
@@ -736,14 +704,7 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     _proto_kernel[grid](*args, num_warps=4 * max(hf, 1), **consts)
     if not merge:
         return o_part, ml_part, lse_part
-    out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=dev)
-    ml = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    mc = combine_config(T, h_q, nslots, 512)
-    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(512, mc["DC"]))](
-        o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, T, h_q, nslots, D=512,
-        HAS_SINK=False, **mc)
-    return out, ml, lse
+    return merge_partials(o_part, lse_part, ml_part)
 
 
 def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
@@ -757,19 +718,7 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
     ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
     # correctness: invalid entries scattered through the rows, NaN in every unused slot
     for T, ns in ((3, 4), (32, 4), (64, 2)):
-        q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", seed=T, dev=dev)
-        flat = kv.reshape(-1, 656)
-        g = torch.Generator(device=dev).manual_seed(7)
-        idx = idx.clone()
-        bad = torch.rand(idx.shape, generator=g, device=dev) < 0.05
-        idx[bad] = torch.where(torch.rand(idx.shape, generator=g, device=dev)[bad] < 0.5, -1, flat.shape[0] + 5
-                               ).to(torch.int32)
-        if T == 3:
-            idx[1] = -1  # a row with no valid entry
-        used = torch.zeros(flat.shape[0], dtype=torch.bool, device=dev)
-        ok = (idx >= 0) & (idx < flat.shape[0])
-        used[idx[ok].long()] = True
-        flat[~used] = 0xFF  # NaN in every fp8 value, scale and rope value of the unused rows
+        q, flat, idx = poisoned_case(T, "fp8_ds_mla", dev)
         ref = sparse_mla_ref(q, flat, idx, sm_scale)
         for lww, hf, pipe in configs:
             got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, pipe=pipe)
@@ -778,8 +727,9 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
             fin = torch.isfinite(ref[2])
             d_lse = (got[2][fin] - ref[2][fin]).abs().max().item() if fin.any() else 0.0
             same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2])))
-            print(f"check T {T} splits {ns} loader warps {2 * lww}, math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: max |out - ref| {d_out:.5f} (max |ref| "
-                  f"{ref[0].float().abs().max().item():.3f}), max |lse - ref| {d_lse:.2e}, inf pattern "
+            print(f"check T {T} splits {ns} loader warps {2 * lww}, math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: "
+                  f"max |out - ref| {d_out:.5f} (max |ref| {ref[0].float().abs().max().item():.3f}), "
+                  f"max |lse - ref| {d_lse:.2e}, inf pattern "
                   f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}", flush=True)
     rows = []
     for T in (32, 64, 128):
@@ -795,15 +745,16 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
                     t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf, pipe=pipe))
                          for sk, mg in ((1, False), (0, False), (0, True))]
                 except Exception as e:
-                    print(f"T {T} splits {ns} loader warps {2 * lww} math warps {4 * hf}: {type(e).__name__}: {e}"[:300],
-                          flush=True)
+                    print(f"T {T} splits {ns} loader warps {2 * lww} math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: "
+                          f"{type(e).__name__}: {e}"[:300], flush=True)
                     continue
                 rows.append((T, ns, 2 * lww, ('rq', 'g4', 'g8')[hf] + 'p' * pipe, ms_lib, ms_walk, *t))
                 print(f"T {T} splits {ns}, {2 * lww} loader warps, math {rows[-1][3]}: library default "
                       f"{ms_lib * 1e3:.1f} us, bulk "
                       f"walk (waits) {ms_walk * 1e3:.1f}, prototype: copies alone {t[0] * 1e3:.1f}, kernel "
                       f"{t[1] * 1e3:.1f}, with the merge {t[2] * 1e3:.1f}", flush=True)
-    print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype without / with the merge")
+    print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype without / with the "
+          "merge")
     print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps), 'p' pipelined")
     print(f"{'batch':>5} {'splits':>6} {'loaders':>7} {'math':>4} {'default':>7} {'walk':>6} {'copies':>6} "
           f"{'kernel':>6} {'+merge':>6}")

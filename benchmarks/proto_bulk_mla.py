@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import allocated, compile_sm90, sass_counts  # noqa: E402
+from bulk_gather import allocated, compile_sm90, merge_partials, poisoned_case, sass_counts  # noqa: E402
 
 BN = gl.constexpr(64)
 VP = gl.constexpr(520)  # values row pitch in elements (1040 bytes)
@@ -276,8 +276,6 @@ def _zero_row(dev):
 def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, lww=1):
     """bf16 cache ``kv`` [S, 576], ``q`` [T, 16, 576], ``idx`` [T, topk]: ``(out, max_logits, lse)`` as
     :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the library's merge kernel."""
-    from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
-
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.bfloat16 and kv.is_contiguous() and q.stride(2) == 1
     S, topk = kv.shape[0], idx.shape[1]
@@ -298,14 +296,7 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, l
         _OFFS[key] = offsets(k.asm["ttgir"], stages)
     consts.update(zip(("V_OFF", "R_OFF", "BAR_OFF"), _OFFS[key]))
     _proto_kernel[grid](*args, num_warps=mw, **consts)
-    out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=dev)
-    ml = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    mc = combine_config(T, h_q, ns, 512)
-    _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(512, mc["DC"]))](
-        o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, T, h_q, ns, D=512,
-        HAS_SINK=False, **mc)
-    return out, ml, lse
+    return merge_partials(o_part, lse_part, ml_part)
 
 
 def main():
@@ -318,20 +309,7 @@ def main():
     ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
     # correctness: invalid entries scattered through the rows, NaN in every unused slot
     for T, ns in ((3, 4), (32, 4), (64, 2)):
-        q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "bf16", seed=T, dev=dev)
-        flat = kv.reshape(-1, 576)
-        g = torch.Generator(device=dev).manual_seed(7)
-        idx = idx.clone()
-        bad = torch.rand(idx.shape, generator=g, device=dev) < 0.05
-        idx[bad] = torch.where(torch.rand(idx.shape, generator=g, device=dev)[bad] < 0.5, -1, flat.shape[0] + 5
-                               ).to(torch.int32)
-        if T == 3:
-            idx[1] = -1  # a row with no valid entry
-        used = torch.zeros(flat.shape[0], dtype=torch.bool, device=dev)
-        ok = (idx >= 0) & (idx < flat.shape[0])
-        used[idx[ok].long()] = True
-        used[0] = True  # (not a slot the prototype reads for invalid entries, but keep row 0 finite anyway)
-        flat[~used] = float("nan")
+        q, flat, idx = poisoned_case(T, "bf16", dev)
         ref = sparse_mla_ref(q, flat, idx, sm_scale)
         got = proto_sparse_mla(q, flat, idx, sm_scale, ns, 2, 8)
         torch.cuda.synchronize()
