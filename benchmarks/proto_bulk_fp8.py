@@ -208,6 +208,14 @@ def _pv_operand(off, B: gl.constexpr, NR: gl.constexpr):
 
 
 @gluon.jit
+def _drain(full, empty, n_tiles, STAGES: gl.constexpr):
+    """Wait for each tile and release it (``SKIP`` 1: the copies alone)."""
+    for i in range(n_tiles):
+        mbarrier.wait(full.index(i % STAGES), (i // STAGES) & 1)
+        mbarrier.arrive(empty.index(i % STAGES))
+
+
+@gluon.jit
 def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES: gl.constexpr,
             RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr, LWW: gl.constexpr):
     """Tiles ``W, W + STEP, ...``, each row one bulk copy of 656 bytes; the partition's ``LWW`` warps split a tile's
@@ -343,10 +351,8 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     l_i = gl.zeros([HF, H], gl.float32, r_l)
     ms_prev = gl.full([B], 1.0, gl.float32, gl.SliceLayout(1, c_l))
     qinv = gl.convert_layout(gl.exp2(-qe), gl.SliceLayout(1, c_l))
-    if SKIP:  # the copies alone: wait for each tile and release it
-        for i in range(n_tiles):
-            mbarrier.wait(full.index(i % STAGES), (i // STAGES) & 1)
-            mbarrier.arrive(empty.index(i % STAGES))
+    if SKIP:  # the copies alone
+        _drain(full, empty, n_tiles, STAGES)
         n_tiles = 0
     n = start + rows
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
@@ -499,10 +505,8 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     m_i = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
     l_acc = gl.zeros([H, BN], gl.float32, s_l)  # per (head, row slot): summed over the rows at the end
     ms_prev = gl.full([4], 1.0, gl.float32, gl.SliceLayout(1, cp))
-    if SKIP:  # the copies alone: wait for each tile and release it
-        for i in range(n_tiles):
-            mbarrier.wait(full.index(i % STAGES), (i // STAGES) & 1)
-            mbarrier.arrive(empty.index(i % STAGES))
+    if SKIP:  # the copies alone
+        _drain(full, empty, n_tiles, STAGES)
         n_tiles = 0
     n = start + cols
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
