@@ -50,6 +50,17 @@ BN = gl.constexpr(64)  # rows per tile
 
 
 @gluon.jit
+def stage_barriers(STAGES: gl.constexpr):
+    """The ring's ``full`` and ``empty`` mbarriers, ``[STAGES, 1]`` each, initialised to one arrival."""
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(STAGES):
+        mbarrier.init(full.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+    return full, empty
+
+
+@gluon.jit
 def _loader(full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW: gl.constexpr, STAGES: gl.constexpr,
             RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, LW: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr):
     """Tiles ``W, W + STEP, ...``; each of the partition's ``LW`` warps copies ``BN / LW`` rows of each."""
@@ -131,11 +142,7 @@ def _bulk_walk_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, strid
         b2 = gl.allocate_shared_memory(gl.int32, [P2], flat)
     if P3 > 0:
         b3 = gl.allocate_shared_memory(gl.int32, [P3], flat)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(STAGES):
-        mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+    full, empty = stage_barriers(STAGES)
     out_row = out_ptr + t * stride_o
     idx_row = idx_ptr + t * stride_it
     if ALT == 0:
@@ -249,6 +256,17 @@ def sass_counts(kernel, prefixes):
     os.unlink(f.name)
     ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", sass, re.M))
     return {o: c for o, c in sorted(ops.items()) if o.startswith(tuple(prefixes))}
+
+
+_ZERO = {}
+
+
+def zero_row(nbytes: int, dev):
+    """``nbytes`` zero bytes on ``dev``, allocated once: the row a prototype's loaders copy for an invalid entry."""
+    key = (nbytes, str(dev))
+    if key not in _ZERO:
+        _ZERO[key] = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+    return _ZERO[key]
 
 
 def poisoned_case(T: int, kv_format: str, dev="cuda"):

@@ -48,7 +48,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import bulk_walk, compile_sm90, merge_partials, offsets, poisoned_case, sass_counts  # noqa: E402
+from bulk_gather import (bulk_walk, compile_sm90, merge_partials, offsets, poisoned_case, sass_counts,  # noqa: E402
+                         stage_barriers, zero_row)
 
 BN = gl.constexpr(64)
 ROW = gl.constexpr(656)
@@ -562,7 +563,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
 def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr, lse_ptr, ml_ptr, T, S, topk,
                   split_len, sm_scale_log2, STAGES: gl.constexpr, SKIP: gl.constexpr, LWW: gl.constexpr,
                   RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
-                  P2: gl.constexpr, P3: gl.constexpr, HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
+                  HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, PIPE: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles."""
@@ -572,18 +573,9 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
     stop = gl.minimum(start + split_len, topk)
     n_tiles = gl.cdiv(stop - start, BN)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    b0 = gl.allocate_shared_memory(gl.int32, [P0], flat)
-    if P1 > 0:
-        b1 = gl.allocate_shared_memory(gl.int32, [P1], flat)
-    if P2 > 0:
-        b2 = gl.allocate_shared_memory(gl.int32, [P2], flat)
-    if P3 > 0:
-        b3 = gl.allocate_shared_memory(gl.int32, [P3], flat)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(STAGES):
-        mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+    b0 = gl.allocate_shared_memory(gl.int32, [P0], flat)  # the ring: two power-of-two buffers side by side
+    b1 = gl.allocate_shared_memory(gl.int32, [P1], flat)
+    full, empty = stage_barriers(STAGES)
     idx_row = idx_ptr + t64 * stride_it
     if HF == 0:
         gl.warp_specialize([
@@ -605,12 +597,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                        1, 2, LWW)),
         ], [LWW, LWW], [48, 48])
     b0._keep_alive()  # (the copies write them by address: never let an unused buffer drop them)
-    if P1 > 0:
-        b1._keep_alive()
-    if P2 > 0:
-        b2._keep_alive()
-    if P3 > 0:
-        b3._keep_alive()
+    b1._keep_alive()
 
 
 def _parts(stages):
@@ -620,7 +607,7 @@ def _parts(stages):
     p0 = 1 << (words.bit_length() - 1)
     p1 = max(16384, 1 << (words - p0 - 1).bit_length())
     assert p1 <= p0 and p0 + p1 >= words
-    return dict(P0=p0, P1=p1, P2=0, P3=0)
+    return dict(P0=p0, P1=p1)
 
 
 def _layouts(f):
@@ -673,9 +660,6 @@ def compile_only(stages=4, skip=0, lww=1, hf=1, pipe=0):
 
 
 _OFFS = {}
-_ZERO = {}
-
-
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
                          pipe=0):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32: ``(out,
@@ -688,8 +672,6 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     ns = triton.cdiv(topk, split_len)
     nslots = ns * max(hf, 1)  # each row range of a CTA is a split of its own
     dev = q.device
-    if dev not in _ZERO:
-        _ZERO[dev] = torch.zeros(656, dtype=torch.uint8, device=dev)
     o_part = torch.empty(nslots, T, h_q, 512, dtype=torch.float32, device=dev)
     lse_part = torch.empty(nslots, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(nslots, T, h_q, dtype=torch.float32, device=dev)
@@ -697,8 +679,8 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
         for t in (o_part, lse_part, ml_part):
             t.fill_(float("nan"))
     consts = _consts(stages, skip, lww, hf, pipe)
-    args = (q, q.stride(0), kv, _ZERO[dev], idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk, split_len,
-            float(sm_scale) * 1.4426950408889634)
+    args = (q, q.stride(0), kv, zero_row(656, dev), idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk,
+            split_len, float(sm_scale) * 1.4426950408889634)
     grid = (ns, T)
     key = (stages, skip, lww, hf, pipe)
     if key not in _OFFS:
@@ -713,7 +695,8 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
 
 def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
     """``configs``: (warps per loader, ``hf``, ``pipe``) triples, each checked and timed."""
-    from dsa.bench import mla_inputs
+    from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs
+    from dsa.constants import H200_COPY_BYTES_PER_S
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
 
@@ -742,6 +725,12 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
         words = flat.view(torch.int32)
         walk_out = torch.empty(T, 2048, dtype=torch.int32, device=dev)
         ms_lib = ms_of(lambda: sparse_mla_triton(q, kv, idx, sm_scale))
+        chunk = mla_baseline_chunk(2048, 16)
+        ms_torch = triton.testing.do_bench(lambda: mla_baseline(q, kv, idx, sm_scale, chunk), rep=100,
+                                           return_mode="median")
+        floor = T * 2048 * 656 / H200_COPY_BYTES_PER_S * 1e3
+        print(f"T {T}: PyTorch baseline (gather, dequantise, bmm) {ms_torch * 1e3:.1f} us; the bandwidth floor "
+              f"{floor * 1e3:.1f} us (the goal: 70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, 2)):
             ms_walk = ms_of(lambda: bulk_walk(words, idx, walk_out, ns, 4, 0, 2, 1, 0, 4))
             for lww, hf, pipe in configs:

@@ -40,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import allocated, compile_sm90, merge_partials, poisoned_case, sass_counts  # noqa: E402
+from bulk_gather import (allocated, compile_sm90, merge_partials, poisoned_case, sass_counts,  # noqa: E402
+                         stage_barriers, zero_row)
 
 BN = gl.constexpr(64)
 VP = gl.constexpr(520)  # values row pitch in elements (1040 bytes)
@@ -213,11 +214,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
     n_tiles = gl.cdiv(stop - start, BN)
     vbuf = gl.allocate_shared_memory(gl.bfloat16, [4, 128, STAGES * BN], VQK)
     rbuf = gl.allocate_shared_memory(gl.bfloat16, [4, 16, STAGES * BN], RQK)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(STAGES):
-        mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+    full, empty = stage_barriers(STAGES)
     vpv = vbuf._reinterpret(gl.bfloat16, [4, STAGES * BN, 128], VPV)
     idx_row = idx_ptr + t64 * stride_it
     gl.static_assert(LW == 2, "the prototype takes two loader warps")
@@ -263,16 +260,6 @@ def compile_only(stages=2, mw=4, skip=0, lww=1):
 
 
 _OFFS = {}
-_ZERO = {}
-
-
-def _zero_row(dev):
-    """The row invalid entries copy: 576 zeros, one per device (not a memset in every call)."""
-    if dev not in _ZERO:
-        _ZERO[dev] = torch.zeros(576, dtype=torch.bfloat16, device=dev)
-    return _ZERO[dev]
-
-
 def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, lww=1):
     """bf16 cache ``kv`` [S, 576], ``q`` [T, 16, 576], ``idx`` [T, topk]: ``(out, max_logits, lse)`` as
     :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the library's merge kernel."""
@@ -285,7 +272,7 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, l
     o_part = torch.empty(ns, T, h_q, 512, dtype=torch.float32, device=dev)
     lse_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
-    zero = _zero_row(dev)
+    zero = zero_row(1152, dev).view(torch.bfloat16)  # 576 zeros
     consts = _consts(stages, 2, mw, skip, lww)
     args = (q, q.stride(0), kv, zero, idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk, split_len,
             float(sm_scale) * 1.4426950408889634)
@@ -300,7 +287,8 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, l
 
 
 def main():
-    from dsa.bench import mla_inputs
+    from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs
+    from dsa.constants import H200_COPY_BYTES_PER_S
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
 
@@ -325,6 +313,12 @@ def main():
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "bf16", dev=dev)
         flat = kv.reshape(-1, 576)
         ms_lib = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale))
+        chunk = mla_baseline_chunk(2048, 16)
+        ms_torch = triton.testing.do_bench(lambda: mla_baseline(q, kv, idx, sm_scale, chunk), rep=100,
+                                           return_mode="median")
+        floor = T * 2048 * 1152 / H200_COPY_BYTES_PER_S * 1e3
+        print(f"T {T}: PyTorch baseline (gather, bmm) {ms_torch * 1e3:.1f} us; the bandwidth floor "
+              f"{floor * 1e3:.1f} us (the goal: 70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, )):
             ms_same = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale, num_splits=ns))
             for lww in (1, 2):

@@ -20,7 +20,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as K  # noqa: E402
-from dsa.bench import mla_baseline, mla_inputs  # noqa: E402
+from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs  # noqa: E402
 
 
 #: batch sizes from the command line (``--batches 22,23,24``), else each mode's own
@@ -84,7 +84,7 @@ def main():
                     K._sparse_mla_combine_kernel = keep
                 base = ""
                 if baseline:  # PyTorch gather + bmm (eager do_bench), checked against the default launch
-                    chunk = max(1, (1 << 30) // (2048 * 576 * 2 + h * 2048 * 6))
+                    chunk = mla_baseline_chunk(2048, h)
                     err = (mla_baseline(q, kv, idx, sm, chunk).float() - run(None)[0].float()).abs().max().item()
                     ms = do_bench(lambda: mla_baseline(q, kv, idx, sm, chunk), rep=100, warmup=10)
                     base = f" {ms * 1e3:.1f} (max diff {err:.2g}) |"

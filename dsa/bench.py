@@ -491,6 +491,11 @@ def mla_inputs(T, h_q, topk, num_req, s_kv, kv_format, block_size=64, seed=0, de
     return q, kv, idx
 
 
+def mla_baseline_chunk(topk, h_q):
+    """Tokens per chunk of :func:`mla_baseline`: about 1 GiB of gathered rows and logits at a time."""
+    return max(1, (1 << 30) // (topk * D_QK * 2 + h_q * topk * 6))
+
+
 def mla_baseline(q, kv, idx, sm_scale, chunk):
     """Plain PyTorch: gather the rows of a chunk of tokens, dequantise, two bmm's, fp32 softmax."""
     from .mla_cache.reference import dequantize_fp8_ds_mla
@@ -582,7 +587,7 @@ def mla_suite(size="full", sweep=False, dev="cuda", baseline=True, shapes=None, 
             continue
         base_ms, err = float("nan"), None
         if baseline:
-            chunk = max(1, (1 << 30) // (topk * D_QK * 2 + h_q * topk * 6))
+            chunk = mla_baseline_chunk(topk, h_q)
             ref_out = mla_baseline(q, kv, idx, sm, chunk)
             err = (ref_out.float() - out_default.float()).abs().max().item()
             log(f"# {name}: max |kernel - baseline| = {err:.3g}")
