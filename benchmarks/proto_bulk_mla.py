@@ -257,6 +257,7 @@ def compile_only(stages=2, mw=4, skip=0, lww=1):
     print(f"stages {stages}, math warps {mw}, skip {skip}, warps per loader {lww}: offsets {consts['V_OFF']}, "
           f"{consts['R_OFF']}, {consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL")))
+    return k
 
 
 _OFFS = {}
