@@ -28,9 +28,15 @@ every row starts on its own bank group of a 16-byte read. So this prototype copi
   all 576 values, q read from shared memory each tile), so no partial logits are summed across warps; P.V by
   groups (warp ``w`` the 128 columns of group ``w``), P passed between them by the compiler's layout conversion.
   1 or 2, :func:`_math_hf`: ``4 HF`` warps; QK and P.V both by groups (warp ``b`` group ``b % 4``, rows of range
-  ``b // 4``), the four groups' partial logits summed through a padded shared buffer; with 2 ranges each range is
+  ``b // 4``), the four groups' partial logits summed through a swizzled shared buffer; with 2 ranges each range is
   a split of its own;
-* split partials in the library's format, merged by its merge kernel (``_sparse_mla_combine_kernel``).
+* split partials in the library's format, merged by its merge kernel (``_sparse_mla_combine_kernel``); or, with
+  ``FIN`` (``fin`` 1, 4 math warps), the kernel finishes the call itself: at one split it writes the bf16 output,
+  lse and max_logits directly, at more the last program of each token merges the partials (:func:`_finish`).
+
+Measured and dropped (BENCHMARKS.md, twenty-sixth and twenty-seventh sessions; the code is in git history): a
+software-pipelined ``_math_hf`` (3bb8da2: it spilled), and two groups of 4 math warps on alternate tiles (ping-pong:
+four more warps polling the ring's barriers slowed the copies alone by 4-8 us).
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ from bulk_gather import (bulk_walk, compile_sm90, merge_partials, offsets, poiso
                          stage_barriers, zero_row)
 
 BN = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
 ROW = gl.constexpr(656)
 H = gl.constexpr(16)
 
@@ -148,17 +155,18 @@ def _pv_offsets(B: gl.constexpr, NR: gl.constexpr):
 
 
 @gluon.jit
-def _store_partial(o, o_ptr, sid, T, t64, B: gl.constexpr, HF: gl.constexpr):
+def _store_partial(o, o_ptr, srow, T, B: gl.constexpr, OL: gl.constexpr):
     """P.V's normalised ``o`` [B, 16, 128] (logical column n holds value 16 (n % 8) + n // 8 of group ``b % 4``)
-    into the partials' slot ``HF sid + b // 4``: put back in order (registers only), 16-byte stores."""
+    into rows ``(srow + (b // 4) T) 16 + head`` of 512 values at ``o_ptr`` (a split partial's slot, ``srow = HF sid
+    T + t``, or the final output, ``srow = t``), in ``o_ptr``'s type: put back in order (``OL``), 16-byte stores
+    (f32)."""
     o = gl.reshape(gl.permute(gl.reshape(o, [B, H, 16, 8]), [0, 1, 3, 2]), [B, H, 128])
-    OL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [B, 1, 1], [2, 1, 0])
     o = gl.convert_layout(o, OL)
     bo = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, OL)))
     ho = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, OL)))
     co = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, OL)))
-    orow = ((HF * sid + bo // 4) * T + t64)[:, None, None] * H + ho[None, :, None]
-    gl.store(o_ptr + orow * 512 + (bo % 4)[:, None, None] * 128 + co[None, None, :], o)
+    orow = (srow + (bo // 4) * T)[:, None, None] * H + ho[None, :, None]
+    gl.store(o_ptr + orow * 512 + (bo % 4)[:, None, None] * 128 + co[None, None, :], o.to(o_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -243,28 +251,6 @@ def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STA
 
 
 @gluon.jit
-def _qk_half(off, B: gl.constexpr, NR: gl.constexpr):
-    """Half ``h`` of :func:`_qk_operand` (``off`` [B, NB, 8 j, 4 t], bytes ``128 g + 32 t + 16 h``): ``[B, 64 k',
-    NR]`` with k' = 16 (m >> 1) + 8 (m & 1) + 2 t + e0 (logical k = 64 h + k')."""
-    f = _cvt16(off)  # [b, nb, j, t, e0, m0, m1, m2]
-    f = gl.permute(f, [0, 7, 6, 5, 3, 4, 1, 2])  # [b, m2, m1, m0, t, e0, nb, j]
-    return gl.reshape(f, [B, 64, NR])
-
-
-@gluon.jit
-def _qk_step(base, off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs, b_l: gl.constexpr, B: gl.constexpr,
-             NR: gl.constexpr):
-    """One tile's partial logits (its group's values times the rows' scale, plus its rope slice) and the scales;
-    the values in two halves of k (``qa``, ``qb``: q's halves), so that fewer operand registers live at once."""
-    sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
-    sp = mma_v2(qa, gl.convert_layout(_qk_half(off_qh + base, B, NR), b_l), zs)
-    sp = mma_v2(qb, gl.convert_layout(_qk_half(off_qh + (base + 16), B, NR), b_l), sp)
-    sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
-    sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
-    return sp, sc
-
-
-@gluon.jit
 def _sum_logits(red, sp, valid, RED_L: gl.constexpr, p_l: gl.constexpr, HF: gl.constexpr, NR: gl.constexpr):
     """The four groups' partial logits summed through shared memory (one barrier), invalid rows -inf."""
     red.store(sp)
@@ -297,10 +283,12 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 @gluon.jit
 def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles,
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
-             RED_L: gl.constexpr, L4: gl.constexpr, PIPE: gl.constexpr):
+             RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, FIN: gl.constexpr, NSPLIT: gl.constexpr,
+             out_ptr, fl_ptr, fm_ptr, cnt_ptr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
-    being a split of its own in the partials (slot ``HF * sid + b // 4``)."""
+    being a split of its own in the partials (slot ``HF * sid + b // 4``). ``FIN`` (``HF`` 1): the kernel finishes the
+    call itself (:func:`_finish`)."""
     B: gl.constexpr = 4 * HF
     NR: gl.constexpr = BN // HF
     NB: gl.constexpr = NR // 8
@@ -357,74 +345,77 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
         n_tiles = 0
     n = start + rows
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-    if PIPE and not SKIP:
-        # software-pipelined: tile i + 1's QK is issued before tile i's softmax and P.V, so that one hides the other
-        kh = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
-        ph = 32 * ((kh >> 1) & 3) + 4 * ((kh >> 4) & 3) + 2 * ((kh >> 3) & 1) + (kh & 1)
-        qh = qrow + (bq % 4)[:, None, None] * 128 + ph[None, None, :]
-        qa = (gl.load(qh).to(gl.float32) * gl.exp2(qe)[:, None, None]).to(gl.float16)
-        qb = (gl.load(qh + 16).to(gl.float32) * gl.exp2(qe)[:, None, None]).to(gl.float16)
-        LH: gl.constexpr = gl.BlockedLayout([1, NB, 1, 1], [1, 1, 8, 4], [B, 1, 1, 1], [1, 3, 2, 0])
-        u0 = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LH))))
-        u1 = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LH))))
-        u2 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LH))))
-        u3 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LH))))
-        off_qh = ((NR * (u0 // 4)[:, None, None, None] + 8 * u1[None, :, None, None] + u2[None, None, :, None]) * ROW
-                  + 128 * (u0 % 4)[:, None, None, None] + 32 * u3[None, None, None, :])
+    for i in range(n_tiles):
+        s = i % STAGES
         valid = (idx >= 0) & (idx < S)
-        n = start + BN + rows
+        n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
         idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-        mbarrier.wait(full.index(0), 0)
-        sp, sc = _qk_step(RING_OFF, off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs, b_l, B, NR)
+        base = RING_OFF + s * (BN * ROW)
+        mbarrier.wait(full.index(s), (i // STAGES) & 1)
+        sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
+        kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
+        sp = mma_v2(q16, kq, zs)
+        sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
+        sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
         lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
-        gl.thread_barrier()
-        for i in range(n_tiles - 1):
-            s1 = (i + 1) % STAGES
-            valid = (idx >= 0) & (idx < S)
-            n = start + (i + 2) * BN + rows
-            idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-            mbarrier.wait(full.index(s1), ((i + 1) // STAGES) & 1)
-            sp, sc_next = _qk_step(RING_OFF + s1 * (BN * ROW), off_sc, off_qh, off_rope, qa, qb, qr, qinv, zs,
-                                   b_l, B, NR)
-            acc, m_i, l_i, ms_prev = _pv_step(lg, sc, RING_OFF + (i % STAGES) * (BN * ROW), off_pv, acc, m_i, l_i,
-                                              ms_prev, sm_scale_log2, mma, a_l, b_l, L4, B, HF, NR)
-            lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)  # (its barrier: every warp is done with tile i)
-            mbarrier.arrive(empty.index(i % STAGES))
-            gl.thread_barrier()  # every warp has read the summed logits before the next tile's partials land
-            sc = sc_next
-        acc, m_i, l_i, ms_prev = _pv_step(lg, sc, RING_OFF + ((n_tiles - 1) % STAGES) * (BN * ROW), off_pv, acc,
-                                          m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l, L4, B, HF, NR)
-    else:
-        for i in range(n_tiles):
-            s = i % STAGES
-            valid = (idx >= 0) & (idx < S)
-            n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
-            idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-            base = RING_OFF + s * (BN * ROW)
-            mbarrier.wait(full.index(s), (i // STAGES) & 1)
-            sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
-            kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
-            sp = mma_v2(q16, kq, zs)
-            sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
-            sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
-            lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
-            acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l,
-                                              b_l, L4, B, HF, NR)
-            gl.thread_barrier()  # every warp is done with the buffer
-            mbarrier.arrive(empty.index(s))
-    # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty
+        acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l,
+                                          b_l, L4, B, HF, NR)
+        gl.thread_barrier()  # every warp is done with the buffer
+        mbarrier.arrive(empty.index(s))
+    # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty; or, with
+    # FIN and one split, the final values (natural-log lse, +inf when empty)
     empty_row = l_i == 0.0
     inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
     lse = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
     sh = gl.arange(0, HF, gl.SliceLayout(1, r_l))
     hh = gl.arange(0, H, gl.SliceLayout(0, r_l))
-    slot = (HF * sid + sh[:, None]) * T + t64
-    gl.store(lse_ptr + slot * H + hh[None, :], lse)
-    gl.store(ml_ptr + slot * H + hh[None, :], m_i)
     iv = gl.convert_layout(inv, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
     mp = gl.convert_layout(gl.reshape(ms_prev, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
     f3 = gl.convert_layout(gl.reshape(gl.expand_dims(iv, 1) * gl.expand_dims(mp, 2), [B, H]), gl.SliceLayout(2, mma))
-    _store_partial(acc * gl.expand_dims(f3, 2), o_ptr, sid, T, t64, B, HF)
+    if FIN and NSPLIT == 1:
+        gl.store(fl_ptr + t64 * H + hh[None, :], gl.where(empty_row, float("inf"), lse * LN2))
+        gl.store(fm_ptr + t64 * H + hh[None, :], gl.where(empty_row, float("-inf"), m_i * LN2))
+        _store_partial(acc * gl.expand_dims(f3, 2), out_ptr, t64, T, B, OUT_L)
+    else:
+        slot = (HF * sid + sh[:, None]) * T + t64
+        gl.store(lse_ptr + slot * H + hh[None, :], lse)
+        gl.store(ml_ptr + slot * H + hh[None, :], m_i)
+        _store_partial(acc * gl.expand_dims(f3, 2), o_ptr, HF * sid * T + t64, T, B, OUT_L)
+        if FIN:
+            _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT)
+
+
+@gluon.jit
+def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT: gl.constexpr):
+    """The split merge inside the kernel: each program counts itself done on the token's counter (after its
+    partials are stored); the last of the ``NSPLIT`` merges them all (as ``_sparse_mla_combine_kernel``, no sink)
+    into the final ``out`` bf16, natural-log lse (+inf for a row with no valid entry) and max_logits, and puts the
+    counter back to 0 for the next call."""
+    gl.thread_barrier()  # every warp's partials are stored before the count
+    done = gl.atomic_add(cnt_ptr + t64, 1, sem="acq_rel", scope="gpu")
+    if done == NSPLIT - 1:
+        LM: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [16 heads, 512]
+        hh = gl.arange(0, H, gl.SliceLayout(1, LM))
+        cc = gl.arange(0, 512, gl.SliceLayout(0, LM))
+        m = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, LM))
+        mx = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, LM))
+        for sp in gl.static_range(NSPLIT):
+            m = gl.maximum(m, gl.load(lse_ptr + (sp * T + t64) * H + hh))
+            mx = gl.maximum(mx, gl.load(ml_ptr + (sp * T + t64) * H + hh))
+        empty = m == float("-inf")
+        m_use = gl.where(empty, 0.0, m)
+        acc = gl.zeros([H, 512], gl.float32, LM)
+        sumw = gl.zeros([H], gl.float32, gl.SliceLayout(1, LM))
+        for sp in gl.static_range(NSPLIT):
+            w = gl.exp2(gl.load(lse_ptr + (sp * T + t64) * H + hh) - m_use)
+            sumw += w
+            acc += w[:, None] * gl.load(o_ptr + ((sp * T + t64) * H + hh)[:, None] * 512 + cc[None, :])
+        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, sumw))
+        gl.store(out_ptr + (t64 * H + hh)[:, None] * 512 + cc[None, :], (acc * inv[:, None]).to(gl.bfloat16))
+        gl.store(fl_ptr + t64 * H + hh, gl.where(empty, float("inf"), (m_use + gl.log2(gl.where(empty, 1.0, sumw)))
+                                            * LN2))
+        gl.store(fm_ptr + t64 * H + hh, gl.where(empty, float("-inf"), mx * LN2))
+        gl.store(cnt_ptr + t64, 0)
 
 
 @gluon.jit
@@ -451,7 +442,7 @@ def _rope_rows_operand(off):
 @gluon.jit
 def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles, S,
              sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, QS: gl.constexpr,
-             QRS: gl.constexpr):
+             QRS: gl.constexpr, OUT_L: gl.constexpr):
     """4 math warps; QK by rows: warp ``w`` computes the logits of rows ``[16 w, +16)`` over all 576 values (the
     four groups as a batch of ``mma_v2`` in registers, q read from shared memory each tile), so no partial logits
     are summed across warps; P.V by groups as in :func:`_math_hf` (warp ``w`` owns group ``w``'s 128 columns), P
@@ -556,7 +547,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     iv = gl.convert_layout(inv, gl.SliceLayout(0, gl.SliceLayout(2, mpv)))
     mp = gl.convert_layout(ms_prev, gl.SliceLayout(1, gl.SliceLayout(2, mpv)))
     f3 = gl.expand_dims(gl.expand_dims(iv, 0) * gl.expand_dims(mp, 1), 2)
-    _store_partial(acc * f3, o_ptr, sid, T, t64, 4, 1)
+    _store_partial(acc * f3, o_ptr, sid * T + t64, T, 4, OUT_L)
 
 
 @gluon.jit
@@ -564,9 +555,11 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   split_len, sm_scale_log2, STAGES: gl.constexpr, SKIP: gl.constexpr, LWW: gl.constexpr,
                   RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
-                  L4: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, PIPE: gl.constexpr):
+                  L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
+                  NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
-    ``LWW`` warps (:func:`_loader`) on alternate tiles."""
+    ``LWW`` warps (:func:`_loader`) on alternate tiles. ``FIN`` 1 (``HF`` 1, ``NSPLIT`` programs per token): the
+    kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`)."""
     t64 = gl.program_id(1).to(gl.int64)
     sid = gl.program_id(0).to(gl.int64)
     start = gl.program_id(0) * split_len
@@ -580,7 +573,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
     if HF == 0:
         gl.warp_specialize([
             (_math_rq, (full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop,
-                        n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, QS, QRS)),
+                        n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, QS, QRS, OUT_L)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -590,7 +583,8 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         red = gl.allocate_shared_memory(gl.float32, [4 * HF, H, BN // HF], RED)
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
-                        stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, PIPE)),
+                        stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, OUT_L, FIN, NSPLIT,
+                        out_ptr, fl_ptr, fm_ptr, cnt_ptr)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -615,9 +609,9 @@ def _layouts(f):
     the softmax) for ``f`` row ranges of ``64 / f`` rows."""
     b, nr = 4 * f, 64 // f
     lg = lambda x: x.bit_length() - 1  # noqa: E731
-    bases = ([[0, 0, 1 << i] for i in range(lg(nr))] + [[0, 1 << i, 0] for i in range(4)]
-             + [[1 << i, 0, 0] for i in range(lg(b))])
-    red = gl.PaddedSharedLayout([[nr, 8]], bases, [], [b, 16, nr])  # rows padded by 8 values: no bank conflicts
+    # each head's row of logits in 8-value pieces, piece j of head h at j ^ (h % 4): the 8-byte writes and reads of
+    # a quarter warp (4 heads x 4 pairs of values) fall on 32 distinct banks, with no padding
+    red = gl.SwizzledSharedLayout(8, 1, 4, order=[2, 1, 0])
     ntile = [[0, 0, 8 << i] for i in range(lg(nr // 8))]
     red_l = gl.DistributedLinearLayout(
         reg_bases=[[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 8, 0]] + ntile,
@@ -628,45 +622,66 @@ def _layouts(f):
         lane_bases=[[0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
         warp_bases=[[0, 1, 0, 0], [0, 2, 0, 0]] + ([[1, 0, 0, 0]] if f == 2 else []), block_bases=[],
         shape=[f, 4, 16, nr])
-    return red, red_l, l4
+    # the output's store: 4 lanes x 16 bytes of a head's row per warp instruction (a layout of a thread's 32
+    # consecutive values, which needs no shared memory, stores 16 bytes to each of 32 rows per instruction: 2.6 us
+    # slower at batch 32)
+    out_l = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [b, 1, 1], [2, 1, 0])
+    return red, red_l, l4, out_l
 
 
-def _consts(stages, skip=0, lww=1, hf=1, pipe=0):
+def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1):
     assert stages % 2 == 0, "two loaders on alternate tiles: each stage must have one"
-    red, red_l, l4 = _layouts(max(hf, 1))
+    red, red_l, l4, out_l = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4,
-                QS=qs, QRS=qrs, PIPE=pipe, **_parts(stages))
+                OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
-             ml_ptr="*fp32")
+             ml_ptr="*fp32", out_ptr="*bf16", fl_ptr="*fp32", fm_ptr="*fp32", cnt_ptr="*i32")
 
 
-def compile_only(stages=4, skip=0, lww=1, hf=1, pipe=0):
+def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1):
     """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
-    consts = _consts(stages, skip, lww, hf, pipe)
+    consts = _consts(stages, skip, lww, hf, fin, nsplit)
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
     consts["RING_OFF"], consts["BAR_OFF"] = offsets(k.asm["ttgir"], parts, stages)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
     assert offsets(k.asm["ttgir"], parts, stages) == (consts["RING_OFF"], consts["BAR_OFF"])
-    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, pipe {pipe}: ring at "
+    print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, fin {fin}, splits {nsplit}: ring at "
           f"{consts['RING_OFF']}, barriers at {consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL", "F2FP", "PRMT")))
     return k
 
 
+def _math_name(hf, fin):
+    return ("rq", "g4", "g8")[hf] + "f" * fin
+
+
 _OFFS = {}
+_COUNTERS = {}
+
+
+def _counters(T, dev):
+    """One int32 counter per token for :func:`_finish`, zeroed once (the last program of a token puts it back)."""
+    c = _COUNTERS.get(str(dev))
+    if c is None or c.numel() < T:
+        c = _COUNTERS[str(dev)] = torch.zeros(max(T, 1024), dtype=torch.int32, device=dev)
+    return c
+
+
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
-                         pipe=0):
+                         fin=0):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32: ``(out,
     max_logits, lse)`` as :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the
-    library's merge kernel."""
+    library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself (:func:`_finish`).
+    ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead."""
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
+    assert not fin or hf == 1
     S, topk = kv.shape[0], idx.shape[1]
     split_len = triton.cdiv(triton.cdiv(topk, 64), num_splits) * 64
     ns = triton.cdiv(topk, split_len)
@@ -675,26 +690,32 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     o_part = torch.empty(nslots, T, h_q, 512, dtype=torch.float32, device=dev)
     lse_part = torch.empty(nslots, T, h_q, dtype=torch.float32, device=dev)
     ml_part = torch.empty(nslots, T, h_q, dtype=torch.float32, device=dev)
-    if poison:  # (checks: every partial value must be written)
-        for t in (o_part, lse_part, ml_part):
+    out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    ml = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    if poison:  # (checks: every value must be written)
+        for t in (o_part, lse_part, ml_part, out, lse, ml):
             t.fill_(float("nan"))
-    consts = _consts(stages, skip, lww, hf, pipe)
+    consts = _consts(stages, skip, lww, hf, fin, ns)
     args = (q, q.stride(0), kv, zero_row(656, dev), idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk,
             split_len, float(sm_scale) * 1.4426950408889634)
+    ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev))
     grid = (ns, T)
-    key = (stages, skip, lww, hf, pipe)
+    key = (stages, skip, lww, hf, fin, ns)
     if key not in _OFFS:
-        k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **consts)
+        k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
         _OFFS[key] = offsets(k.asm["ttgir"], _parts(stages), stages)
     consts["RING_OFF"], consts["BAR_OFF"] = _OFFS[key]
-    _proto_kernel[grid](*args, num_warps=4 * max(hf, 1), **consts)
+    _proto_kernel[grid](*args, num_warps=4 * max(hf, 1), **ptrs, **consts)
+    if fin:
+        return out, ml, lse
     if not merge:
         return o_part, ml_part, lse_part
     return merge_partials(o_part, lse_part, ml_part)
 
 
-def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
-    """``configs``: (warps per loader, ``hf``, ``pipe``) triples, each checked and timed."""
+def main(configs=((2, 1, 0), (2, 1, 1))):
+    """``configs``: (warps per loader, ``hf``, ``fin``) triples, each checked and timed."""
     from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs
     from dsa.constants import H200_COPY_BYTES_PER_S
     from dsa.mla import sparse_mla_ref
@@ -707,17 +728,21 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
     for T, ns in ((3, 4), (32, 4), (64, 2)):
         q, flat, idx = poisoned_case(T, "fp8_ds_mla", dev)
         ref = sparse_mla_ref(q, flat, idx, sm_scale)
-        for lww, hf, pipe in configs:
-            got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, pipe=pipe)
-            torch.cuda.synchronize()
-            d_out = (got[0].float() - ref[0].float()).abs().max().item()
-            fin = torch.isfinite(ref[2])
-            d_lse = (got[2][fin] - ref[2][fin]).abs().max().item() if fin.any() else 0.0
-            same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2])))
-            print(f"check T {T} splits {ns} loader warps {2 * lww}, math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: "
-                  f"max |out - ref| {d_out:.5f} (max |ref| {ref[0].float().abs().max().item():.3f}), "
-                  f"max |lse - ref| {d_lse:.2e}, inf pattern "
-                  f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}", flush=True)
+        for lww, hf, fin in configs:
+            for rep in range(2 if fin else 1):  # (twice: the counters must be back at 0 after each call)
+                got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, fin=fin)
+                torch.cuda.synchronize()
+                d_out = (got[0].float() - ref[0].float()).abs().max().item()
+                ok = torch.isfinite(ref[2])
+                d_lse = (got[2][ok] - ref[2][ok]).abs().max().item() if ok.any() else 0.0
+                d_ml = (got[1][ok] - ref[1][ok]).abs().max().item() if ok.any() else 0.0
+                same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2]))
+                                and torch.equal(torch.isinf(got[1]), torch.isinf(ref[1])))
+                print(f"check T {T} splits {ns} loader warps {2 * lww}, math {_math_name(hf, fin)}: "
+                      f"max |out - ref| {d_out:.5f} (max |ref| {ref[0].float().abs().max().item():.3f}), "
+                      f"max |lse - ref| {d_lse:.2e}, max |max_logits - ref| {d_ml:.2e}, inf pattern "
+                      f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}",
+                      flush=True)
     rows = []
     for T in (32, 64, 128):
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev=dev)
@@ -733,24 +758,26 @@ def main(configs=((1, 0, 0), (2, 0, 0), (2, 1, 0), (2, 2, 0), (2, 1, 1))):
               f"{floor * 1e3:.1f} us (the goal: 70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, 2)):
             ms_walk = ms_of(lambda: bulk_walk(words, idx, walk_out, ns, 4, 0, 2, 1, 0, 4))
-            for lww, hf, pipe in configs:
+            for lww, hf, fin in configs:
                 try:
-                    t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf, pipe=pipe))
-                         for sk, mg in ((1, False), (0, False), (0, True))]
+                    t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf, fin=fin))
+                         for sk, mg in ((1, False), (0, False), (0, True))[:3 - fin]]
+                    t += t[-1:] * fin  # (the kernel finishes the call itself)
                 except Exception as e:
-                    print(f"T {T} splits {ns} loader warps {2 * lww} math {('rq', 'g4', 'g8')[hf]}{'p' * pipe}: "
+                    print(f"T {T} splits {ns} loader warps {2 * lww} math {_math_name(hf, fin)}: "
                           f"{type(e).__name__}: {e}"[:300], flush=True)
                     continue
-                rows.append((T, ns, 2 * lww, ('rq', 'g4', 'g8')[hf] + 'p' * pipe, ms_lib, ms_walk, *t))
+                rows.append((T, ns, 2 * lww, _math_name(hf, fin), ms_lib, ms_walk, *t))
                 print(f"T {T} splits {ns}, {2 * lww} loader warps, math {rows[-1][3]}: library default "
                       f"{ms_lib * 1e3:.1f} us, bulk "
                       f"walk (waits) {ms_walk * 1e3:.1f}, prototype: copies alone {t[0] * 1e3:.1f}, kernel "
-                      f"{t[1] * 1e3:.1f}, with the merge {t[2] * 1e3:.1f}", flush=True)
-    print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype without / with the "
-          "merge")
-    print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps), 'p' pipelined")
+                      f"{t[1] * 1e3:.1f}, whole call {t[2] * 1e3:.1f}", flush=True)
+    print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype: its copies alone, "
+          "its kernel, the whole call (the kernel, then the merge kernel unless 'f')")
+    print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps), 'f' the kernel "
+          "finishes the call (_finish)")
     print(f"{'batch':>5} {'splits':>6} {'loaders':>7} {'math':>4} {'default':>7} {'walk':>6} {'copies':>6} "
-          f"{'kernel':>6} {'+merge':>6}")
+          f"{'kernel':>6} {'whole':>6}")
     for r in rows:
         print(f"{r[0]:5d} {r[1]:6d} {r[2]:7d} {r[3]:>4} "
               + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[4:], (7, 6, 6, 6, 6))))
@@ -761,8 +788,8 @@ if __name__ == "__main__":
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--profile", action="store_true", help="two calls at batch 64, 2 splits, for Nsight Compute")
     ap.add_argument("--hf", type=int, default=0, help="--profile's math warps (see _consts)")
-    ap.add_argument("--configs", default="1,0,0 2,0,0 2,1,0 2,2,0 2,1,1",
-                    help="the checked and timed (warps per loader, hf, pipe) triples")
+    ap.add_argument("--configs", default="2,1,0 2,1,1",
+                    help="the checked and timed (warps per loader, hf, fin) triples")
     a = ap.parse_args()
     if a.profile:
         from dsa.bench import mla_inputs
@@ -772,7 +799,7 @@ if __name__ == "__main__":
             proto_sparse_mla_fp8(q, kv.reshape(-1, 656), idx, 576 ** -0.5, 2, lww=2, merge=False, hf=a.hf)
         torch.cuda.synchronize()
     elif a.compile_only:
-        for args in ((4, 0, 1, 0), (4, 1, 1, 0), (4, 0, 2, 1), (4, 0, 2, 1, 1), (4, 1, 2, 1, 1), (4, 0, 1, 2)):
+        for args in ((4, 0, 1, 0), (4, 1, 1, 0), (4, 0, 2, 1), (4, 0, 2, 1, 1, 1), (4, 0, 2, 1, 1, 4), (4, 0, 1, 2)):
             compile_only(*args)
     else:
         main(tuple(tuple(int(x) for x in c.split(',')) for c in a.configs.split()))
