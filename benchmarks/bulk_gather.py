@@ -50,13 +50,14 @@ BN = gl.constexpr(64)  # rows per tile
 
 
 @gluon.jit
-def stage_barriers(STAGES: gl.constexpr):
-    """The ring's ``full`` and ``empty`` mbarriers, ``[STAGES, 1]`` each, initialised to one arrival."""
+def stage_barriers(STAGES: gl.constexpr, EMPTY_COUNT: gl.constexpr = 1):
+    """The ring's ``full`` and ``empty`` mbarriers, ``[STAGES, 1]`` each, initialised to one arrival (``empty``:
+    ``EMPTY_COUNT``)."""
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(STAGES):
         mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+        mbarrier.init(empty.index(j), count=EMPTY_COUNT)
     return full, empty
 
 
@@ -215,9 +216,10 @@ def allocated(ttgir: str, capability: int = 90) -> str:
     return str(mod)
 
 
-def offsets(ttgir: str, parts: dict, stages: int):
+def offsets(ttgir: str, parts: dict, stages: int, empty: bool = False):
     """(ring, full-barrier) byte offsets of the compiled kernel's shared memory, from its TTGIR: the ring's buffers
-    must lie side by side (any order), 16-byte aligned; the full barriers are the first ``[STAGES, 1]`` i64 buffer."""
+    must lie side by side (any order), 16-byte aligned; the full barriers are the first ``[STAGES, 1]`` i64 buffer
+    (``empty``: also the empty barriers', the second)."""
     allocs = re.findall(r"ttg\.local_alloc\s*\{allocation\.offset = (\d+) : i32\}\s*:\s*\(\)\s*->\s*"
                         r"!ttg\.memdesc<([0-9x]+)x(i32|i64)", allocated(ttgir))
     sizes = sorted(v for v in parts.values() if v)
@@ -227,7 +229,7 @@ def offsets(ttgir: str, parts: dict, stages: int):
         assert o1 == o0 + 4 * n0, f"the ring's buffers are not side by side: {ring}"
     bars = [int(o) for o, shape, ty in allocs if ty == "i64" and shape == f"{stages}x1"]
     assert len(bars) == 2 and ring[0][0] % 16 == 0, allocs
-    return ring[0][0], bars[0]
+    return (ring[0][0], bars[0], bars[1]) if empty else (ring[0][0], bars[0])
 
 
 def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=()):

@@ -28,15 +28,16 @@ every row starts on its own bank group of a 16-byte read. So this prototype copi
   all 576 values, q read from shared memory each tile), so no partial logits are summed across warps; P.V by
   groups (warp ``w`` the 128 columns of group ``w``), P passed between them by the compiler's layout conversion.
   1 or 2, :func:`_math_hf`: ``4 HF`` warps; QK and P.V both by groups (warp ``b`` group ``b % 4``, rows of range
-  ``b // 4``), the four groups' partial logits summed through a swizzled shared buffer; with 2 ranges each range is
-  a split of its own;
+  ``b // 4``), the four groups' partial logits summed through a swizzled shared buffer, each thread releasing the
+  stage by its own arrival (no CTA barrier before the release); with 2 ranges each range is a split of its own;
 * split partials in the library's format, merged by its merge kernel (``_sparse_mla_combine_kernel``); or, with
   ``FIN`` (``fin`` 1, 4 math warps), the kernel finishes the call itself: at one split it writes the bf16 output,
   lse and max_logits directly, at more the last program of each token merges the partials (:func:`_finish`).
 
 Measured and dropped (BENCHMARKS.md, twenty-sixth and twenty-seventh sessions; the code is in git history): a
-software-pipelined ``_math_hf`` (3bb8da2: it spilled), and two groups of 4 math warps on alternate tiles (ping-pong:
-four more warps polling the ring's barriers slowed the copies alone by 4-8 us).
+software-pipelined ``_math_hf`` (3bb8da2: it spilled); two groups of 4 math warps on alternate tiles (ping-pong:
+four more warps polling the ring's barriers slowed the copies alone by 4-8 us); the tile loop unrolled by two with
+a logits buffer per tile, for one CTA barrier per tile instead of two (30% slower: the loop's code doubles, to 44 KB).
 """
 from __future__ import annotations
 
@@ -217,11 +218,26 @@ def _pv_operand(off, B: gl.constexpr, NR: gl.constexpr):
 
 
 @gluon.jit
-def _drain(full, empty, n_tiles, STAGES: gl.constexpr):
+def _release(empty, s, EMPTY_OFF: gl.constexpr, NW: gl.constexpr):
+    """Release stage ``s``: with ``EMPTY_OFF`` > 0 every thread of the ``NW`` math warps arrives on its ``empty``
+    barrier itself (inline PTX at the barrier's shared offset; the barrier counts ``32 NW`` arrivals), after its own
+    last read of the stage, with no CTA barrier before it; else one arrival (``mbarrier.arrive``)."""
+    if EMPTY_OFF > 0:
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        gl.inline_asm_elementwise(
+            "{ .reg .u32 a; .reg .b64 st; mov.u32 a, global_smem; add.u32 a, a, $1;"
+            " mbarrier.arrive.shared::cta.b64 st, [a]; mov.u32 $0, 0; }", "=r,r",
+            [gl.full([32 * NW], EMPTY_OFF, gl.int32, lay) + s * 8], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        mbarrier.arrive(empty.index(s))
+
+
+@gluon.jit
+def _drain(full, empty, n_tiles, STAGES: gl.constexpr, EMPTY_OFF: gl.constexpr, NW: gl.constexpr):
     """Wait for each tile and release it (``SKIP`` 1: the copies alone)."""
     for i in range(n_tiles):
         mbarrier.wait(full.index(i % STAGES), (i // STAGES) & 1)
-        mbarrier.arrive(empty.index(i % STAGES))
+        _release(empty, i % STAGES, EMPTY_OFF, NW)
 
 
 @gluon.jit
@@ -281,10 +297,34 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 
 
 @gluon.jit
+def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv,
+             zs, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
+             p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, B: gl.constexpr, HF: gl.constexpr,
+             NR: gl.constexpr, STAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr):
+    """Tile ``i`` of :func:`_math_hf` (``idx``: its index entries; returns the next tile's)."""
+    s = i % STAGES
+    valid = (idx >= 0) & (idx < S)
+    n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
+    idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+    base = RING_OFF + s * (BN * ROW)
+    mbarrier.wait(full.index(s), (i // STAGES) & 1)
+    sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
+    kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
+    sp = mma_v2(q16, kq, zs)
+    sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
+    sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
+    lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
+    acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l, L4,
+                                      B, HF, NR)
+    _release(empty, s, EMPTY_OFF, B)
+    return acc, m_i, l_i, ms_prev, idx
+
+
+@gluon.jit
 def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles,
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
              RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, FIN: gl.constexpr, NSPLIT: gl.constexpr,
-             out_ptr, fl_ptr, fm_ptr, cnt_ptr):
+             out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
     being a split of its own in the partials (slot ``HF * sid + b // 4``). ``FIN`` (``HF`` 1): the kernel finishes the
@@ -341,27 +381,15 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     ms_prev = gl.full([B], 1.0, gl.float32, gl.SliceLayout(1, c_l))
     qinv = gl.convert_layout(gl.exp2(-qe), gl.SliceLayout(1, c_l))
     if SKIP:  # the copies alone
-        _drain(full, empty, n_tiles, STAGES)
+        _drain(full, empty, n_tiles, STAGES, EMPTY_OFF, B)
         n_tiles = 0
     n = start + rows
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
     for i in range(n_tiles):
-        s = i % STAGES
-        valid = (idx >= 0) & (idx < S)
-        n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
-        idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-        base = RING_OFF + s * (BN * ROW)
-        mbarrier.wait(full.index(s), (i // STAGES) & 1)
-        sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
-        kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
-        sp = mma_v2(q16, kq, zs)
-        sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
-        sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
-        lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
-        acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l,
-                                          b_l, L4, B, HF, NR)
-        gl.thread_barrier()  # every warp is done with the buffer
-        mbarrier.arrive(empty.index(s))
+        acc, m_i, l_i, ms_prev, idx = _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk,
+                                               off_rope, off_pv, q16, qr, qinv, zs, acc, m_i, l_i, ms_prev,
+                                               sm_scale_log2, mma, a_l, b_l, p_l, L4, RED_L, B, HF, NR, STAGES,
+                                               RING_OFF, EMPTY_OFF)
     # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty; or, with
     # FIN and one split, the final values (natural-log lse, +inf when empty)
     empty_row = l_i == 0.0
@@ -498,7 +526,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     l_acc = gl.zeros([H, BN], gl.float32, s_l)  # per (head, row slot): summed over the rows at the end
     ms_prev = gl.full([4], 1.0, gl.float32, gl.SliceLayout(1, cp))
     if SKIP:  # the copies alone
-        _drain(full, empty, n_tiles, STAGES)
+        _drain(full, empty, n_tiles, STAGES, 0, 4)
         n_tiles = 0
     n = start + cols
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
@@ -553,7 +581,8 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
 @gluon.jit
 def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr, lse_ptr, ml_ptr, T, S, topk,
                   split_len, sm_scale_log2, STAGES: gl.constexpr, SKIP: gl.constexpr, LWW: gl.constexpr,
-                  RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
+                  RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, P0: gl.constexpr,
+                  P1: gl.constexpr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
                   NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr):
@@ -568,7 +597,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     b0 = gl.allocate_shared_memory(gl.int32, [P0], flat)  # the ring: two power-of-two buffers side by side
     b1 = gl.allocate_shared_memory(gl.int32, [P1], flat)
-    full, empty = stage_barriers(STAGES)
+    full, empty = stage_barriers(STAGES, 1 if HF == 0 else 128 * HF)  # (_math_hf: each math thread releases)
     idx_row = idx_ptr + t64 * stride_it
     if HF == 0:
         gl.warp_specialize([
@@ -584,7 +613,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                         stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, OUT_L, FIN, NSPLIT,
-                        out_ptr, fl_ptr, fm_ptr, cnt_ptr)),
+                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -634,8 +663,9 @@ def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1):
     red, red_l, l4, out_l = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4,
-                OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, **_parts(stages))
+    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4,
+                OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, 
+                **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
@@ -648,13 +678,22 @@ def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1):
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
-    consts["RING_OFF"], consts["BAR_OFF"] = offsets(k.asm["ttgir"], parts, stages)
+    offs = _resolve(consts, k, stages, hf)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
-    assert offsets(k.asm["ttgir"], parts, stages) == (consts["RING_OFF"], consts["BAR_OFF"])
+    assert offsets(k.asm["ttgir"], parts, stages, True) == offs
     print(f"stages {stages}, skip {skip}, warps per loader {lww}, hf {hf}, fin {fin}, splits {nsplit}: ring at "
           f"{consts['RING_OFF']}, barriers at {consts['BAR_OFF']}; shared {k.metadata.shared} B")
     print(sass_counts(k, ("LDS", "LDSM", "HMMA", "STS", "BAR", "STL", "LDL", "UBLKCP", "SHFL", "F2FP", "PRMT")))
     return k
+
+
+def _resolve(consts, k, stages, hf):
+    """Put the shared offsets of the compiled ``k`` into ``consts`` (the empty barriers' only for ``_math_hf``,
+    whose threads arrive on them by address); returns (ring, full, empty)."""
+    offs = offsets(k.asm["ttgir"], _parts(stages), stages, True)
+    consts["RING_OFF"], consts["BAR_OFF"] = offs[:2]
+    consts["EMPTY_OFF"] = offs[2] if hf else 0
+    return offs
 
 
 def _math_name(hf, fin):
@@ -704,8 +743,11 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     key = (stages, skip, lww, hf, fin, ns)
     if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
-        _OFFS[key] = offsets(k.asm["ttgir"], _parts(stages), stages)
-    consts["RING_OFF"], consts["BAR_OFF"] = _OFFS[key]
+        offs = _resolve(consts, k, stages, hf)
+        k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
+        assert offsets(k.asm["ttgir"], _parts(stages), stages, True) == offs, "the offsets moved"
+        _OFFS[key] = {n: consts[n] for n in ("RING_OFF", "BAR_OFF", "EMPTY_OFF")}
+    consts.update(_OFFS[key])
     _proto_kernel[grid](*args, num_warps=4 * max(hf, 1), **ptrs, **consts)
     if fin:
         return out, ml, lse
