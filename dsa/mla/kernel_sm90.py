@@ -115,7 +115,11 @@ feeding register operands, as in ``mla-sync``. Twenty-sixth session: that kernel
 one bulk copy per row, 4 math warps on ``mma_v2`` with every operand converted from the raw bytes) is correct; alone
 it takes 20.1 / 34.3 / 61.7 us at batch 32 / 64 / 128 against this kernel's 21.6 / 36.9 / 65.6 (merge included),
 and its separate merge kernel brings it back to parity. Its copies alone take 12.6 / 27.2 / 49.9: the math adds
-0.4-0.5 us per tile that four warps do not hide.
+0.4-0.5 us per tile that four warps do not hide. Twenty-seventh session: finishing the call in that kernel (the output written directly at
+one split; the last program's merge at more) and each math thread releasing its stage by its own arrival bring it to
+22.9 / 35.5 / 60.1 us, against 22.0 / 37.2 / 65.6 here (-4.6% at batch 64, -8.4% at batch 128, +4% at batch 32).
+Two math groups on alternate tiles and a loop unrolled by two were 20-30% slower. It stays a benchmark script: it
+depends on the compiler's allocation offsets and covers only 16 heads, s_q 1, no sink or ``topk_length``.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
