@@ -297,17 +297,25 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 
 
 @gluon.jit
+def _tile_start(i, idx, idx_row, start, stop, rows, S, full, STAGES: gl.constexpr, RING_OFF: gl.constexpr):
+    """Tile ``i``'s stage, which of its rows are valid (``idx``: its index entries, ``rows`` their positions in the
+    tile), the next tile's entries (loaded now, a tile ahead of their use) and the stage's ring offset, once the
+    stage is full."""
+    s = i % STAGES
+    valid = (idx >= 0) & (idx < S)
+    n = start + (i + 1) * BN + rows
+    idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+    mbarrier.wait(full.index(s), (i // STAGES) & 1)
+    return s, valid, idx, RING_OFF + s * (BN * ROW)
+
+
+@gluon.jit
 def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv,
              zs, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
              p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, B: gl.constexpr, HF: gl.constexpr,
              NR: gl.constexpr, STAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr):
     """Tile ``i`` of :func:`_math_hf` (``idx``: its index entries; returns the next tile's)."""
-    s = i % STAGES
-    valid = (idx >= 0) & (idx < S)
-    n = start + (i + 1) * BN + rows  # the next tile's entries, a tile ahead of their use
-    idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-    base = RING_OFF + s * (BN * ROW)
-    mbarrier.wait(full.index(s), (i // STAGES) & 1)
+    s, valid, idx, base = _tile_start(i, idx, idx_row, start, stop, rows, S, full, STAGES, RING_OFF)
     sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
     kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
     sp = mma_v2(q16, kq, zs)
@@ -531,12 +539,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     n = start + cols
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
     for i in range(n_tiles):
-        s = i % STAGES
-        valid = (idx >= 0) & (idx < S)
-        n = start + (i + 1) * BN + cols  # the next tile's entries, a tile ahead of their use
-        idx = gl.load(idx_row + n, mask=n < stop, other=-1)
-        base = RING_OFF + s * (BN * ROW)
-        mbarrier.wait(full.index(s), (i // STAGES) & 1)
+        s, valid, idx, base = _tile_start(i, idx, idx_row, start, stop, cols, S, full, STAGES, RING_OFF)
         kr2 = gl.convert_layout(_rope_rows_operand(off_rope + base), gl.DotOperandLayout(1, mr2, 2))
         lg = mma_v2(qr_smem.load(gl.DotOperandLayout(0, mr2, 2)), kr2, zr)
         for gg in gl.static_range(4):  # each group's logits times its rows' scale and q's inverse power of two
