@@ -36,8 +36,9 @@ every row starts on its own bank group of a 16-byte read. So this prototype copi
 
 Measured and dropped (BENCHMARKS.md, twenty-sixth and twenty-seventh sessions; the code is in git history): a
 software-pipelined ``_math_hf`` (3bb8da2: it spilled); two groups of 4 math warps on alternate tiles (ping-pong:
-four more warps polling the ring's barriers slowed the copies alone by 4-8 us); the tile loop unrolled by two with
-a logits buffer per tile, for one CTA barrier per tile instead of two (30% slower: the loop's code doubles, to 44 KB).
+with four more warps waiting on the ring's barriers the copies alone took 4-8 us longer); the tile loop unrolled by
+two with a logits buffer per tile, for one CTA barrier per tile instead of two (20-30% slower, its loop's code twice
+as long). ``HF`` 2 (8 math warps, half of each tile's rows each) stays, and is slower than 4 even in the kernel alone.
 """
 from __future__ import annotations
 
