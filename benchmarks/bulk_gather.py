@@ -294,9 +294,10 @@ def poisoned_case(T: int, kv_format: str, dev="cuda"):
     return q, flat, idx
 
 
-def merge_partials(o_part, lse_part, ml_part):
+def merge_partials(o_part, lse_part, ml_part, attn_sink=None):
     """The library's split merge (``_sparse_mla_combine_kernel``) over a prototype's partials ``o_part`` [NS, T, h,
-    512] f32, ``lse_part`` / ``ml_part`` [NS, T, h] (log2 units): ``(out [T, h, 512] bf16, max_logits, lse)``."""
+    512] f32, ``lse_part`` / ``ml_part`` [NS, T, h] (log2 units), with the sink ``attn_sink`` [h] f32 or None:
+    ``(out [T, h, 512] bf16, max_logits, lse)``."""
     from dsa.mla.kernel import _sparse_mla_combine_kernel, combine_config
 
     ns, T, h_q, _ = o_part.shape
@@ -305,8 +306,8 @@ def merge_partials(o_part, lse_part, ml_part):
     lse = torch.empty(T, h_q, dtype=torch.float32, device=o_part.device)
     mc = combine_config(T, h_q, ns, 512)
     _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(512, mc["DC"]))](
-        o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, T, h_q, ns, D=512,
-        HAS_SINK=False, **mc)
+        o_part, lse_part, ml_part, lse if attn_sink is None else attn_sink, out, out.stride(0), out.stride(1), ml, lse,
+        T, h_q, ns, D=512, HAS_SINK=attn_sink is not None, **mc)
     return out, ml, lse
 
 

@@ -61,6 +61,7 @@ from bulk_gather import (bulk_walk, compile_sm90, merge_partials, offsets, poiso
 
 BN = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
 ROW = gl.constexpr(656)
 H = gl.constexpr(16)
 
@@ -333,7 +334,7 @@ def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, of
 def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles,
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
              RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, FIN: gl.constexpr, NSPLIT: gl.constexpr,
-             out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr):
+             out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
     being a split of its own in the partials (slot ``HF * sid + b // 4``). ``FIN`` (``HF`` 1): the kernel finishes the
@@ -406,6 +407,10 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     lse = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
     sh = gl.arange(0, HF, gl.SliceLayout(1, r_l))
     hh = gl.arange(0, H, gl.SliceLayout(0, r_l))
+    if FIN and NSPLIT == 1 and HAS_SINK:  # the sink only in the denominator (the lse stays without it)
+        sink = gl.load(sink_ptr + hh)[None, :]
+        denom = l_i + gl.exp2(gl.where(empty_row, float("-inf"), sink * LOG2E - m_i))
+        inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, denom))
     iv = gl.convert_layout(inv, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
     mp = gl.convert_layout(gl.reshape(ms_prev, [HF, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
     f3 = gl.convert_layout(gl.reshape(gl.expand_dims(iv, 1) * gl.expand_dims(mp, 2), [B, H]), gl.SliceLayout(2, mma))
@@ -419,15 +424,16 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
         gl.store(ml_ptr + slot * H + hh[None, :], m_i)
         _store_partial(acc * gl.expand_dims(f3, 2), o_ptr, HF * sid * T + t64, T, B, OUT_L)
         if FIN:
-            _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT)
+            _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT, sink_ptr, HAS_SINK)
 
 
 @gluon.jit
-def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT: gl.constexpr):
+def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT: gl.constexpr, sink_ptr,
+            HAS_SINK: gl.constexpr):
     """The split merge inside the kernel: each program counts itself done on the token's counter (after its
-    partials are stored); the last of the ``NSPLIT`` merges them all (as ``_sparse_mla_combine_kernel``, no sink)
-    into the final ``out`` bf16, natural-log lse (+inf for a row with no valid entry) and max_logits, and puts the
-    counter back to 0 for the next call."""
+    partials are stored); the last of the ``NSPLIT`` merges them all (as ``_sparse_mla_combine_kernel``; the sink
+    only in the denominator) into the final ``out`` bf16, natural-log lse (+inf for a row with no valid entry) and
+    max_logits, and puts the counter back to 0 for the next call."""
     gl.thread_barrier()  # every warp's partials are stored before the count
     done = gl.atomic_add(cnt_ptr + t64, 1, sem="acq_rel", scope="gpu")
     if done == NSPLIT - 1:
@@ -447,7 +453,10 @@ def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NS
             w = gl.exp2(gl.load(lse_ptr + (sp * T + t64) * H + hh) - m_use)
             sumw += w
             acc += w[:, None] * gl.load(o_ptr + ((sp * T + t64) * H + hh)[:, None] * 512 + cc[None, :])
-        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, sumw))
+        denom = sumw
+        if HAS_SINK:
+            denom += gl.exp2(gl.where(empty, float("-inf"), gl.load(sink_ptr + hh) * LOG2E - m_use))
+        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, denom))
         gl.store(out_ptr + (t64 * H + hh)[:, None] * 512 + cc[None, :], (acc * inv[:, None]).to(gl.bfloat16))
         gl.store(fl_ptr + t64 * H + hh, gl.where(empty, float("inf"), (m_use + gl.log2(gl.where(empty, 1.0, sumw)))
                                             * LN2))
@@ -589,15 +598,20 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   P1: gl.constexpr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
-                  NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr):
+                  NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, len_ptr, sink_ptr, HAS_LEN: gl.constexpr,
+                  HAS_SINK: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles. ``FIN`` 1 (``HF`` 1, ``NSPLIT`` programs per token): the
-    kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`)."""
+    kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`), with
+    the sink ``sink_ptr`` [16] f32 in the denominator when ``HAS_SINK``. ``HAS_LEN``: entries at or past
+    ``len_ptr[t]`` (int32 ``topk_length``) are invalid, and tiles wholly past it are not copied."""
     t64 = gl.program_id(1).to(gl.int64)
     sid = gl.program_id(0).to(gl.int64)
     start = gl.program_id(0) * split_len
     stop = gl.minimum(start + split_len, topk)
-    n_tiles = gl.cdiv(stop - start, BN)
+    if HAS_LEN:
+        stop = gl.minimum(stop, gl.load(len_ptr + t64))
+    n_tiles = gl.maximum(gl.cdiv(stop - start, BN), 0)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     b0 = gl.allocate_shared_memory(gl.int32, [P0], flat)  # the ring: two power-of-two buffers side by side
     b1 = gl.allocate_shared_memory(gl.int32, [P1], flat)
@@ -617,7 +631,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                         stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, OUT_L, FIN, NSPLIT,
-                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF)),
+                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -662,23 +676,24 @@ def _layouts(f):
     return red, red_l, l4, out_l
 
 
-def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1):
+def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0):
     assert stages % 2 == 0, "two loaders on alternate tiles: each stage must have one"
     red, red_l, l4, out_l = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, HF=hf, RED=red, RED_L=red_l, L4=l4,
-                OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, 
+    return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, HF=hf, RED=red, RED_L=red_l,
+                L4=l4, OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, HAS_LEN=has_len, HAS_SINK=has_sink,
                 **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
-             ml_ptr="*fp32", out_ptr="*bf16", fl_ptr="*fp32", fm_ptr="*fp32", cnt_ptr="*i32")
+             ml_ptr="*fp32", out_ptr="*bf16", fl_ptr="*fp32", fm_ptr="*fp32", cnt_ptr="*i32", len_ptr="*i32",
+             sink_ptr="*fp32")
 
 
-def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1):
+def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0):
     """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
-    consts = _consts(stages, skip, lww, hf, fin, nsplit)
+    consts = _consts(stages, skip, lww, hf, fin, nsplit, has_len, has_sink)
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
@@ -717,11 +732,11 @@ def _counters(T, dev):
 
 
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
-                         fin=0):
-    """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32: ``(out,
-    max_logits, lse)`` as :func:`dsa.sparse_mla` (no sink, no topk_length), through this prototype and the
-    library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself (:func:`_finish`).
-    ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead."""
+                         fin=0, topk_length=None, attn_sink=None):
+    """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32, ``topk_length`` [T]
+    int32 or None, ``attn_sink`` [16] f32 or None: ``(out, max_logits, lse)`` as :func:`dsa.sparse_mla`, through
+    this prototype and the library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself
+    (:func:`_finish`). ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead."""
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
     assert not fin or hf == 1
@@ -739,12 +754,14 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
     if poison:  # (checks: every value must be written)
         for t in (o_part, lse_part, ml_part, out, lse, ml):
             t.fill_(float("nan"))
-    consts = _consts(stages, skip, lww, hf, fin, ns)
+    has_len, has_sink = int(topk_length is not None), int(attn_sink is not None)
+    consts = _consts(stages, skip, lww, hf, fin, ns, has_len, has_sink)
     args = (q, q.stride(0), kv, zero_row(656, dev), idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk,
             split_len, float(sm_scale) * 1.4426950408889634)
-    ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev))
+    ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev),
+                len_ptr=topk_length if has_len else idx, sink_ptr=attn_sink if has_sink else lse)
     grid = (ns, T)
-    key = (stages, skip, lww, hf, fin, ns)
+    key = (stages, skip, lww, hf, fin, ns, has_len, has_sink)
     if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
         offs = _resolve(consts, k, stages, hf)
@@ -757,7 +774,7 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
         return out, ml, lse
     if not merge:
         return o_part, ml_part, lse_part
-    return merge_partials(o_part, lse_part, ml_part)
+    return merge_partials(o_part, lse_part, ml_part, attn_sink)
 
 
 def main(configs=((2, 1, 0), (2, 1, 1))):
@@ -770,13 +787,23 @@ def main(configs=((2, 1, 0), (2, 1, 1))):
     dev = "cuda"
     sm_scale = 576 ** -0.5
     ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
-    # correctness: invalid entries scattered through the rows, NaN in every unused slot
-    for T, ns in ((3, 4), (32, 4), (64, 2)):
+    # correctness: invalid entries scattered through the rows, NaN in every unused slot; every split count the
+    # timings use; topk_length (0, full, ragged) and a sink in some
+    for T, ns, extra in ((3, 4, 0), (32, 4, 0), (64, 2, 0), (3, 1, 0), (128, 1, 0), (3, 4, 1), (64, 2, 1), (128, 1, 1)):
         q, flat, idx = poisoned_case(T, "fp8_ds_mla", dev)
-        ref = sparse_mla_ref(q, flat, idx, sm_scale)
+        g = torch.Generator(device=dev).manual_seed(T + 11)
+        lens = sink = None
+        if extra:
+            lens = torch.randint(0, 2049, (T, ), generator=g, device=dev, dtype=torch.int32)
+            lens[0], lens[-1] = 2048, 0
+            if T > 3:
+                lens[1:4] = torch.tensor([1000, 64, 1], dtype=torch.int32, device=dev)
+            sink = torch.randn(16, generator=g, device=dev, dtype=torch.float32)
+        ref = sparse_mla_ref(q, flat, idx, sm_scale, attn_sink=sink, topk_length=lens)
         for lww, hf, fin in configs:
             for rep in range(2 if fin else 1):  # (twice: the counters must be back at 0 after each call)
-                got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, fin=fin)
+                got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, fin=fin,
+                                           topk_length=lens, attn_sink=sink)
                 torch.cuda.synchronize()
                 d_out = (got[0].float() - ref[0].float()).abs().max().item()
                 ok = torch.isfinite(ref[2])
@@ -784,11 +811,11 @@ def main(configs=((2, 1, 0), (2, 1, 1))):
                 d_ml = (got[1][ok] - ref[1][ok]).abs().max().item() if ok.any() else 0.0
                 same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2]))
                                 and torch.equal(torch.isinf(got[1]), torch.isinf(ref[1])))
-                print(f"check T {T} splits {ns} loader warps {2 * lww}, math {_math_name(hf, fin)}: "
-                      f"max |out - ref| {d_out:.5f} (max |ref| {ref[0].float().abs().max().item():.3f}), "
-                      f"max |lse - ref| {d_lse:.2e}, max |max_logits - ref| {d_ml:.2e}, inf pattern "
-                      f"{'same' if same_inf else 'DIFFERENT'}, NaN in out: {bool(torch.isnan(got[0]).any())}",
-                      flush=True)
+                print(f"check T {T} splits {ns}{' topk_length + sink' if extra else ''}, loader warps {2 * lww}, "
+                      f"math {_math_name(hf, fin)}: max |out - ref| {d_out:.5f} (max |ref| "
+                      f"{ref[0].float().abs().max().item():.3f}), max |lse - ref| {d_lse:.2e}, max |max_logits - ref| "
+                      f"{d_ml:.2e}, inf pattern {'same' if same_inf else 'DIFFERENT'}, NaN in out: "
+                      f"{bool(torch.isnan(got[0]).any())}", flush=True)
     rows = []
     for T in (32, 64, 128):
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev=dev)
