@@ -3,6 +3,7 @@ products on mma.sync with every operand converted in registers.
 
     python benchmarks/proto_bulk_fp8.py                # H200: correctness against the reference, then timings
     python benchmarks/proto_bulk_fp8.py --compile-only # CPU: compile for sm_90a, print its instruction counts
+    python benchmarks/proto_bulk_fp8.py --trace        # H200: the math warps' clocks per tile, by phase
     ncu --clock-control none -k regex:_proto_kernel --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section MemoryWorkloadAnalysis_Tables python benchmarks/proto_bulk_fp8.py --profile
 
@@ -312,29 +313,51 @@ def _tile_start(i, idx, idx_row, start, stop, rows, S, full, STAGES: gl.constexp
 
 
 @gluon.jit
+def _clock(NW: gl.constexpr):
+    """Each of the ``NW`` warps' threads' SM clock (``%clock``), one per thread."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [gl.full([32 * NW], 0, gl.int32, lay)],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv,
-             zs, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
+             zs, acc, m_i, l_i, ms_prev, sm_scale_log2, tr, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
              p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, B: gl.constexpr, HF: gl.constexpr,
-             NR: gl.constexpr, STAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr):
-    """Tile ``i`` of :func:`_math_hf` (``idx``: its index entries; returns the next tile's)."""
+             NR: gl.constexpr, STAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr,
+             TRACE: gl.constexpr):
+    """Tile ``i`` of :func:`_math_hf` (``idx``: its index entries; returns the next tile's). ``TRACE``: ``tr`` (5
+    per-thread clock sums: the wait for the stage, QK and the logits' sum up to its barrier, the softmax and P.V up
+    to the release, the rest up to the next tile; and the last clock read) gains this tile's."""
+    if TRACE:
+        t0 = _clock(B)
     s, valid, idx, base = _tile_start(i, idx, idx_row, start, stop, rows, S, full, STAGES, RING_OFF)
+    if TRACE:
+        t1 = _clock(B)
     sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
     kq = gl.convert_layout(_qk_operand(off_qk + base, B, NR), b_l)
     sp = mma_v2(q16, kq, zs)
     sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
     sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base, B, NR), b_l), sp)
     lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
+    if TRACE:
+        t2 = _clock(B)
     acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l, L4,
                                       B, HF, NR)
     _release(empty, s, EMPTY_OFF, B)
-    return acc, m_i, l_i, ms_prev, idx
+    if TRACE:
+        t3 = _clock(B)
+        w, q, p, g, last = tr
+        tr = (w + (t1 - t0), q + (t2 - t1), p + (t3 - t2), g + gl.where(i > 0, t0 - last, 0), t3)
+    return acc, m_i, l_i, ms_prev, idx, tr
 
 
 @gluon.jit
 def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop, n_tiles,
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
              RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, FIN: gl.constexpr, NSPLIT: gl.constexpr,
-             out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr):
+             out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr, trace_ptr,
+             TRACE: gl.constexpr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
     being a split of its own in the partials (slot ``HF * sid + b // 4``). ``FIN`` (``HF`` 1): the kernel finishes the
@@ -395,11 +418,18 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
         n_tiles = 0
     n = start + rows
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+    z = gl.zeros([32 * B], gl.int32, gl.BlockedLayout([1], [32], [B], [0]))
+    tr = (z, z, z, z, z)
     for i in range(n_tiles):
-        acc, m_i, l_i, ms_prev, idx = _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk,
-                                               off_rope, off_pv, q16, qr, qinv, zs, acc, m_i, l_i, ms_prev,
-                                               sm_scale_log2, mma, a_l, b_l, p_l, L4, RED_L, B, HF, NR, STAGES,
-                                               RING_OFF, EMPTY_OFF)
+        acc, m_i, l_i, ms_prev, idx, tr = _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc,
+                                                   off_qk, off_rope, off_pv, q16, qr, qinv, zs, acc, m_i, l_i, ms_prev,
+                                                   sm_scale_log2, tr, mma, a_l, b_l, p_l, L4, RED_L, B, HF, NR,
+                                                   STAGES, RING_OFF, EMPTY_OFF, TRACE)
+    if TRACE:  # [program, 4 sums, thread]
+        th = gl.arange(0, 32 * B, gl.BlockedLayout([1], [32], [B], [0]))
+        row = trace_ptr + (sid * T + t64) * (4 * 32 * B) + th
+        for k in gl.static_range(4):
+            gl.store(row + k * (32 * B), tr[k])
     # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty; or, with
     # FIN and one split, the final values (natural-log lse, +inf when empty)
     empty_row = l_i == 0.0
@@ -599,7 +629,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
                   NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, len_ptr, sink_ptr, HAS_LEN: gl.constexpr,
-                  HAS_SINK: gl.constexpr):
+                  HAS_SINK: gl.constexpr, trace_ptr, TRACE: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles. ``FIN`` 1 (``HF`` 1, ``NSPLIT`` programs per token): the
     kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`), with
@@ -631,7 +661,7 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                         stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, OUT_L, FIN, NSPLIT,
-                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK)),
+                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK, trace_ptr, TRACE)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -676,24 +706,24 @@ def _layouts(f):
     return red, red_l, l4, out_l
 
 
-def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0):
+def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0):
     assert stages % 2 == 0, "two loaders on alternate tiles: each stage must have one"
     red, red_l, l4, out_l = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, HF=hf, RED=red, RED_L=red_l,
                 L4=l4, OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, HAS_LEN=has_len, HAS_SINK=has_sink,
-                **_parts(stages))
+                TRACE=trace, **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
              ml_ptr="*fp32", out_ptr="*bf16", fl_ptr="*fp32", fm_ptr="*fp32", cnt_ptr="*i32", len_ptr="*i32",
-             sink_ptr="*fp32")
+             sink_ptr="*fp32", trace_ptr="*i32")
 
 
-def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0):
+def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0):
     """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
-    consts = _consts(stages, skip, lww, hf, fin, nsplit, has_len, has_sink)
+    consts = _consts(stages, skip, lww, hf, fin, nsplit, has_len, has_sink, trace)
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
@@ -732,11 +762,12 @@ def _counters(T, dev):
 
 
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
-                         fin=0, topk_length=None, attn_sink=None):
+                         fin=0, topk_length=None, attn_sink=None, trace=None):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32, ``topk_length`` [T]
     int32 or None, ``attn_sink`` [16] f32 or None: ``(out, max_logits, lse)`` as :func:`dsa.sparse_mla`, through
     this prototype and the library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself
-    (:func:`_finish`). ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead."""
+    (:func:`_finish`). ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead. ``trace``: an int32
+    tensor of ``[ns T, 4, 128]`` (``hf`` 1) that receives each math thread's clock sums (:func:`_tile_hf`)."""
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
     assert not fin or hf == 1
@@ -755,13 +786,14 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
         for t in (o_part, lse_part, ml_part, out, lse, ml):
             t.fill_(float("nan"))
     has_len, has_sink = int(topk_length is not None), int(attn_sink is not None)
-    consts = _consts(stages, skip, lww, hf, fin, ns, has_len, has_sink)
+    consts = _consts(stages, skip, lww, hf, fin, ns, has_len, has_sink, int(trace is not None))
     args = (q, q.stride(0), kv, zero_row(656, dev), idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk,
             split_len, float(sm_scale) * 1.4426950408889634)
     ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev),
-                len_ptr=topk_length if has_len else idx, sink_ptr=attn_sink if has_sink else lse)
+                len_ptr=topk_length if has_len else idx, sink_ptr=attn_sink if has_sink else lse,
+                trace_ptr=idx if trace is None else trace)
     grid = (ns, T)
-    key = (stages, skip, lww, hf, fin, ns, has_len, has_sink)
+    key = (stages, skip, lww, hf, fin, ns, has_len, has_sink, trace is not None)
     if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
         offs = _resolve(consts, k, stages, hf)
@@ -856,15 +888,41 @@ def main(configs=((2, 1, 0), (2, 1, 1))):
               + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[4:], (7, 6, 6, 6, 6))))
 
 
+def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
+    """H200: where the math warps' tile goes (clock sums per tile, ``fin`` 1, 4 loader warps), beside the time of
+    the call with and without the trace."""
+    from dsa.bench import mla_inputs
+
+    ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
+    names = ("wait for the stage (and the barrier before it)", "QK + logits sum", "softmax + P.V + release",
+             "to the next tile")
+    for T, ns in cases:
+        q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
+        flat = kv.reshape(-1, 656)
+        tr = torch.zeros(ns * T, 4, 128, dtype=torch.int32, device="cuda")
+        call = lambda t: proto_sparse_mla_fp8(q, flat, idx, 576 ** -0.5, ns, lww=2, fin=1, trace=t)  # noqa: E731
+        call(tr)
+        torch.cuda.synchronize()
+        tiles = 2048 // 64 // ns
+        per_tile = tr.double().mean(dim=(0, 2)) / tiles
+        ms0, ms1 = ms_of(lambda: call(None)), ms_of(lambda: call(tr))
+        print(f"T {T}, {ns} splits ({tiles} tiles per program): {ms0 * 1e3:.1f} us, traced {ms1 * 1e3:.1f} us; "
+              f"clocks per tile: " + ", ".join(f"{n} {c:.0f}" for n, c in zip(names, per_tile.tolist()))
+              + f"; total {per_tile.sum().item():.0f}", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--profile", action="store_true", help="two calls at batch 64, 2 splits, for Nsight Compute")
+    ap.add_argument("--trace", action="store_true", help="the math warps' clocks per tile (trace_phases)")
     ap.add_argument("--hf", type=int, default=0, help="--profile's math warps (see _consts)")
     ap.add_argument("--configs", default="2,1,0 2,1,1",
                     help="the checked and timed (warps per loader, hf, fin) triples")
     a = ap.parse_args()
-    if a.profile:
+    if a.trace:
+        trace_phases()
+    elif a.profile:
         from dsa.bench import mla_inputs
 
         q, kv, idx = mla_inputs(64, 16, 2048, 64, 32768, "fp8_ds_mla", dev="cuda")
