@@ -246,21 +246,31 @@ def _drain(full, empty, n_tiles, STAGES: gl.constexpr, EMPTY_OFF: gl.constexpr, 
 
 @gluon.jit
 def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES: gl.constexpr,
-            RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr, LWW: gl.constexpr):
+            RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr, LWW: gl.constexpr,
+            ltr_ptr, pid, TRACE: gl.constexpr):
     """Tiles ``W, W + STEP, ...``, each row one bulk copy of 656 bytes; the partition's ``LWW`` warps split a tile's
-    rows."""
+    rows. ``TRACE``: each thread's clock sums (the wait for a free stage, the copies' issue) go to ``ltr_ptr``
+    ``[program pid, loader W, 2, 32 LWW]``."""
     lay: gl.constexpr = gl.BlockedLayout([BN // (32 * LWW)], [32], [LWW], [0])
     r = gl.arange(0, BN, lay)
     n = start + W * BN + r
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+    if TRACE:
+        tl_: gl.constexpr = gl.BlockedLayout([1], [32], [LWW], [0])
+        tw = gl.zeros([32 * LWW], gl.int32, tl_)
+        ti = gl.zeros([32 * LWW], gl.int32, tl_)
     for i in range(W, n_tiles, STEP):
         s = i % STAGES
         ok = (idx >= 0) & (idx < S)
         src = gl.where(ok, kv_ptr + gl.where(ok, idx, 0).to(gl.int64) * ROW, zero_ptr)
         n = start + (i + STEP) * BN + r  # the next tile's entries, loaded while this one waits for its buffer
         idx = gl.load(idx_row + n, mask=n < stop, other=-1)
+        if TRACE:
+            c0 = _clock(LWW)
         if i >= STAGES:
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        if TRACE:
+            c1 = _clock(LWW)
         bar = gl.full([BN], BAR_OFF, gl.int32, lay) + s * 8
         mbarrier.expect(full.index(s), BN * ROW)
         gl.inline_asm_elementwise(
@@ -268,6 +278,15 @@ def _loader(full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STA
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [$2], 656, [b];\n"
             "mov.u32 $0, 0; }", "=r,r,l,r", [RING_OFF + (s * BN + r) * ROW, src, bar], dtype=gl.int32,
             is_pure=False, pack=1)
+        if TRACE:
+            c2 = _clock(LWW)
+            tw += c1 - c0
+            ti += c2 - c1
+    if TRACE:
+        th = gl.arange(0, 32 * LWW, tl_)
+        row = ltr_ptr + ((pid * STEP + W) * 2) * (32 * LWW) + th
+        gl.store(row, tw)
+        gl.store(row + 32 * LWW, ti)
 
 
 @gluon.jit
@@ -681,7 +700,8 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
                   NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, len_ptr, sink_ptr, HAS_LEN: gl.constexpr,
-                  HAS_SINK: gl.constexpr, trace_ptr, TRACE: gl.constexpr, LAZY: gl.constexpr, SCA_L: gl.constexpr):
+                  HAS_SINK: gl.constexpr, trace_ptr, ltr_ptr, TRACE: gl.constexpr, LAZY: gl.constexpr,
+                  SCA_L: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles. ``FIN`` 1 (``HF`` 1, ``NSPLIT`` programs per token): the
     kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`), with
@@ -704,9 +724,9 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
             (_math_rq, (full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop,
                         n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, QS, QRS, OUT_L)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
-                       0, 2, LWW)),
+                       0, 2, LWW, ltr_ptr, 0, 0)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
-                       1, 2, LWW)),
+                       1, 2, LWW, ltr_ptr, 0, 0)),
         ], [LWW, LWW], [48, 48])
     else:
         red = gl.allocate_shared_memory(gl.float32, [4 * HF, H, BN // HF], RED)
@@ -716,9 +736,9 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                         out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK, trace_ptr, TRACE, LAZY,
                         SCA_L)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
-                       0, 2, LWW)),
+                       0, 2, LWW, ltr_ptr, sid * T + t64, TRACE)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
-                       1, 2, LWW)),
+                       1, 2, LWW, ltr_ptr, sid * T + t64, TRACE)),
         ], [LWW, LWW], [48, 48])
     b0._keep_alive()  # (the copies write them by address: never let an unused buffer drop them)
     b1._keep_alive()
@@ -774,7 +794,7 @@ def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0,
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
              ml_ptr="*fp32", out_ptr="*bf16", fl_ptr="*fp32", fm_ptr="*fp32", cnt_ptr="*i32", len_ptr="*i32",
-             sink_ptr="*fp32", trace_ptr="*i32")
+             sink_ptr="*fp32", trace_ptr="*i32", ltr_ptr="*i32")
 
 
 def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0, lazy=0):
@@ -818,13 +838,14 @@ def _counters(T, dev):
 
 
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
-                         fin=0, topk_length=None, attn_sink=None, trace=None, lazy=0):
+                         fin=0, topk_length=None, attn_sink=None, trace=None, lazy=0, ltrace=None):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32, ``topk_length`` [T]
     int32 or None, ``attn_sink`` [16] f32 or None: ``(out, max_logits, lse)`` as :func:`dsa.sparse_mla`, through
     this prototype and the library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself
     (:func:`_finish`). ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead. ``trace``: an int32
     tensor of ``[ns T, 4, 128]`` (``hf`` 1) that receives each math thread's clock sums (:func:`_tile_hf`).
-    ``lazy`` 1 (``hf`` >= 1): the lazy rescale (:func:`_pv_step_lazy`)."""
+    ``lazy`` 1 (``hf`` >= 1): the lazy rescale (:func:`_pv_step_lazy`). ``ltrace`` (with ``trace``): int32 ``[ns T, 2,
+    2, 32 lww]``, the loaders' clock sums (:func:`_loader`)."""
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
     assert not fin or hf == 1
@@ -848,7 +869,7 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
             split_len, float(sm_scale) * 1.4426950408889634)
     ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev),
                 len_ptr=topk_length if has_len else idx, sink_ptr=attn_sink if has_sink else lse,
-                trace_ptr=idx if trace is None else trace)
+                trace_ptr=idx if trace is None else trace, ltr_ptr=idx if ltrace is None else ltrace)
     grid = (ns, T)
     key = (stages, skip, lww, hf, fin, ns, has_len, has_sink, trace is not None, lazy)
     if key not in _OFFS:
@@ -958,8 +979,9 @@ def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
         flat = kv.reshape(-1, 656)
         tr = torch.zeros(ns * T, 4, 128, dtype=torch.int32, device="cuda")
+        ltr = torch.zeros(ns * T, 2, 2, 64, dtype=torch.int32, device="cuda")
         call = lambda t: proto_sparse_mla_fp8(q, flat, idx, 576 ** -0.5, ns, lww=2, fin=1, trace=t,  # noqa: E731
-                                              lazy=lazy)
+                                              lazy=lazy, ltrace=None if t is None else ltr)
         call(tr)
         torch.cuda.synchronize()
         tiles = 2048 // 64 // ns
@@ -968,7 +990,9 @@ def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
         print(f"T {T}, {ns} splits ({tiles} tiles per program){', lazy rescale' if lazy else ''}: {ms0 * 1e3:.1f} us, "
               f"traced {ms1 * 1e3:.1f} us; "
               f"clocks per tile: " + ", ".join(f"{n} {c:.0f}" for n, c in zip(names, per_tile.tolist()))
-              + f"; total {per_tile.sum().item():.0f}", flush=True)
+              + f"; total {per_tile.sum().item():.0f}; each loader, per tile of its own: wait for a free stage "
+              f"{ltr[:, :, 0].double().mean().item() / (tiles / 2):.0f}, issue "
+              f"{ltr[:, :, 1].double().mean().item() / (tiles / 2):.0f}", flush=True)
 
 
 if __name__ == "__main__":
