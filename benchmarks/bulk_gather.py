@@ -294,6 +294,20 @@ def poisoned_case(T: int, kv_format: str, dev="cuda"):
     return q, flat, idx
 
 
+def baseline_and_floor(q, kv, idx, sm_scale, row_bytes: int, what: str):
+    """The PyTorch baseline's time (``dsa.bench.mla_baseline``, ``do_bench`` median, ms) for a prototype's decode
+    case, printed beside the bandwidth floor of its rows (``row_bytes`` each) and the goal (70% of the floor)."""
+    from dsa.bench import mla_baseline, mla_baseline_chunk
+
+    T, h_q = q.shape[0], q.shape[1]
+    chunk = mla_baseline_chunk(idx.shape[1], h_q)
+    ms = triton.testing.do_bench(lambda: mla_baseline(q, kv, idx, sm_scale, chunk), rep=100, return_mode="median")
+    floor = T * idx.shape[1] * row_bytes / H200_COPY_BYTES_PER_S * 1e3
+    print(f"T {T}: PyTorch baseline ({what}) {ms * 1e3:.1f} us; the bandwidth floor {floor * 1e3:.1f} us (the goal: "
+          f"70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
+    return ms
+
+
 def merge_partials(o_part, lse_part, ml_part, attn_sink=None):
     """The library's split merge (``_sparse_mla_combine_kernel``) over a prototype's partials ``o_part`` [NS, T, h,
     512] f32, ``lse_part`` / ``ml_part`` [NS, T, h] (log2 units), with the sink ``attn_sink`` [h] f32 or None:

@@ -57,8 +57,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import (bulk_walk, compile_sm90, merge_partials, offsets, poisoned_case, sass_counts,  # noqa: E402
-                         stage_barriers, zero_row)
+from dsa.mla.epilogue import row_stats  # noqa: E402
+
+from bulk_gather import (baseline_and_floor, bulk_walk, compile_sm90, merge_partials, offsets,  # noqa: E402
+                         poisoned_case, sass_counts, stage_barriers, zero_row)
 
 BN = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -504,8 +506,7 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     # split partials (the library's format): normalised out, lse and max in log2 units, -inf when empty; or, with
     # FIN and one split, the final values (natural-log lse, +inf when empty)
     empty_row = l_i == 0.0
-    inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
-    lse = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
+    inv, lse, _ = row_stats(l_i, m_i, None, None, None, False, True)  # (the split form: log2 units, -inf when empty)
     sh = gl.arange(0, HF, gl.SliceLayout(1, r_l))
     hh = gl.arange(0, H, gl.SliceLayout(0, r_l))
     if FIN and NSPLIT == 1 and HAS_SINK:  # the sink only in the denominator (the lse stays without it)
@@ -621,15 +622,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
     off_qk = ((8 * y0[:, None, None, None, None] + 32 * y1[None, :, None, None, None]
                + y2[None, None, :, None, None]) * ROW + 32 * y3[None, None, None, :, None]
               + 16 * y4[None, None, None, None, :])  # group 0's bytes; group g at + 128 g
-    LR: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2], [1, 1, 8, 4, 1], [4, 1, 1, 1, 1], [4, 1, 3, 2, 0])
-    z0 = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LR)))))
-    z1 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LR)))))
-    z2 = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, LR)))))
-    z3 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, LR)))))
-    z4 = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LR)))))
-    off_rope = ((8 * z0[:, None, None, None, None] + 32 * z1[None, :, None, None, None]
-                 + z2[None, None, :, None, None]) * ROW + 528 + 32 * z3[None, None, None, :, None]
-                + 16 * z4[None, None, None, None, :])
+    off_rope = off_qk + 528  # the rope values' 16-byte pieces: the same lanes and rows, 528 bytes further
     off_pv = _pv_offsets(4, 64)
     nq = gl.arange(0, BN, gl.SliceLayout(0, mr2))
     off_scq = nq * ROW + 512  # group g's scale at + 4 g
@@ -680,9 +673,7 @@ def _math_rq(full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64
         ms_prev = ms
     # the split partial (the library's format): normalised out, lse and max in log2 units, -inf when empty
     l_i = gl.sum(l_acc, axis=1)
-    empty_row = l_i == 0.0
-    inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
-    lse = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
+    inv, lse, _ = row_stats(l_i, m_i, None, None, None, False, True)  # (the split form: log2 units, -inf when empty)
     hh = gl.arange(0, H, gl.SliceLayout(1, s_l))
     gl.store(lse_ptr + (sid * T + t64) * H + hh, lse)
     gl.store(ml_ptr + (sid * T + t64) * H + hh, m_i)
@@ -889,8 +880,7 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
 
 def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
     """``configs``: (warps per loader, ``hf``, ``fin``, ``lazy``) quadruples, each checked and timed."""
-    from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs
-    from dsa.constants import H200_COPY_BYTES_PER_S
+    from dsa.bench import mla_inputs
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
 
@@ -933,12 +923,7 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
         words = flat.view(torch.int32)
         walk_out = torch.empty(T, 2048, dtype=torch.int32, device=dev)
         ms_lib = ms_of(lambda: sparse_mla_triton(q, kv, idx, sm_scale))
-        chunk = mla_baseline_chunk(2048, 16)
-        ms_torch = triton.testing.do_bench(lambda: mla_baseline(q, kv, idx, sm_scale, chunk), rep=100,
-                                           return_mode="median")
-        floor = T * 2048 * 656 / H200_COPY_BYTES_PER_S * 1e3
-        print(f"T {T}: PyTorch baseline (gather, dequantise, bmm) {ms_torch * 1e3:.1f} us; the bandwidth floor "
-              f"{floor * 1e3:.1f} us (the goal: 70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
+        baseline_and_floor(q, kv, idx, sm_scale, 656, "gather, dequantise, bmm")
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, 2)):
             ms_walk = ms_of(lambda: bulk_walk(words, idx, walk_out, ns, 4, 0, 2, 1, 0, 4))
             for lww, hf, fin, lazy in configs:

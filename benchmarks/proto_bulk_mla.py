@@ -40,8 +40,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bulk_gather import (allocated, compile_sm90, merge_partials, poisoned_case, sass_counts,  # noqa: E402
-                         stage_barriers, zero_row)
+from dsa.mla.epilogue import row_stats  # noqa: E402
+
+from bulk_gather import (allocated, baseline_and_floor, compile_sm90, merge_partials, poisoned_case,  # noqa: E402
+                         sass_counts, stage_barriers, zero_row)
 
 BN = gl.constexpr(64)
 VP = gl.constexpr(520)  # values row pitch in elements (1040 bytes)
@@ -184,9 +186,7 @@ def _math(vqk, vpv, rqk, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr,
             gl.thread_barrier()
             mbarrier.arrive(empty.index(1))
     # split partial (the library's format): normalised out, lse and max in log2 units, -inf when empty
-    empty_row = l_i == 0.0
-    inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
-    lse = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
+    inv, lse, _ = row_stats(l_i, m_i, None, None, None, False, True)  # (the split form: log2 units, -inf when empty)
     hh = gl.arange(0, H, gl.SliceLayout(1, s_l))
     gl.store(lse_ptr + (sid * T + t64) * H + hh, lse)
     gl.store(ml_ptr + (sid * T + t64) * H + hh, m_i)
@@ -288,8 +288,7 @@ def proto_sparse_mla(q, kv, idx, sm_scale, num_splits, stages=2, mw=4, skip=0, l
 
 
 def main():
-    from dsa.bench import mla_baseline, mla_baseline_chunk, mla_inputs
-    from dsa.constants import H200_COPY_BYTES_PER_S
+    from dsa.bench import mla_inputs
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
 
@@ -314,12 +313,7 @@ def main():
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "bf16", dev=dev)
         flat = kv.reshape(-1, 576)
         ms_lib = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale))
-        chunk = mla_baseline_chunk(2048, 16)
-        ms_torch = triton.testing.do_bench(lambda: mla_baseline(q, kv, idx, sm_scale, chunk), rep=100,
-                                           return_mode="median")
-        floor = T * 2048 * 1152 / H200_COPY_BYTES_PER_S * 1e3
-        print(f"T {T}: PyTorch baseline (gather, bmm) {ms_torch * 1e3:.1f} us; the bandwidth floor "
-              f"{floor * 1e3:.1f} us (the goal: 70% of it, {floor / 0.7 * 1e3:.1f})", flush=True)
+        baseline_and_floor(q, kv, idx, sm_scale, 1152, "gather, bmm")
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, )):
             ms_same = ms_of(lambda: sparse_mla_triton(q, flat, idx, sm_scale, num_splits=ns))
             for lww in (1, 2):
