@@ -65,7 +65,6 @@ from bulk_gather import (baseline_and_floor, bulk_walk, compile_sm90, merge_part
 BN = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
-LAZY_TAU = gl.constexpr(8.0)  # log2 units: with a reference max this far below a logit, P reaches 256 (f16: fine)
 ROW = gl.constexpr(656)
 H = gl.constexpr(16)
 
@@ -322,37 +321,14 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 
 
 @gluon.jit
-def _pv_step_lazy(lg, sc, sca, base, off_pv, acc, m_i, l_i, m_top, ms_run, sm_scale_log2, mma: gl.constexpr,
-                  a_l: gl.constexpr, b_l: gl.constexpr, L4: gl.constexpr, B: gl.constexpr, HF: gl.constexpr,
-                  NR: gl.constexpr):
-    """:func:`_pv_step` with a lazy rescale: P is taken against a reference max ``m_i`` that moves only when a head's
-    max grows past it by more than ``LAZY_TAU`` (P stays below 2^LAZY_TAU), and the rows' scales are divided by the
-    running largest scale of all groups ``ms_run`` (``sca``: this tile's), so that the accumulator is rescaled only
-    when one of the two moves (both the same in every warp: one branch for all). ``m_top``: the true running max
-    (for max_logits). Returns (acc, m_i, l_i, m_top, ms_run)."""
-    mt = gl.max(lg, axis=2) * sm_scale_log2
-    m_top = gl.maximum(m_top, mt)
-    ms_new = gl.maximum(ms_run, sca)
-    grow = gl.max(gl.max(gl.where(mt > m_i + LAZY_TAU, 1, 0), axis=1), axis=0) > 0
-    if grow | (ms_new > ms_run):
-        m_new = gl.maximum(m_i, mt)
-        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-        l_i = l_i * alpha
-        r = gl.full([HF, 4], 1.0, gl.float32, gl.SliceLayout(2, gl.SliceLayout(3, L4))) * (
-            ms_run / gl.where(ms_new > 0, ms_new, 1.0))
-        al = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
-        a3 = gl.convert_layout(gl.reshape(gl.expand_dims(al, 1) * gl.expand_dims(r, 2), [B, H]),
-                               gl.SliceLayout(2, mma))
-        acc = acc * gl.expand_dims(a3, 2)
-        m_i = m_new
-        ms_run = ms_new
-    p = gl.exp2(lg * sm_scale_log2 - gl.expand_dims(gl.where(m_i == float("-inf"), 0.0, m_i), 2))
-    l_i = l_i + gl.sum(p, axis=2)
-    ratio = gl.convert_layout(gl.reshape(sc / gl.where(ms_run > 0, ms_run, 1.0), [HF, 4, NR]), gl.SliceLayout(2, L4))
-    pw = gl.convert_layout(gl.reshape(gl.expand_dims(p, 1) * gl.expand_dims(ratio, 2), [B, H, NR]), mma)
-    vt = gl.convert_layout(_pv_operand(off_pv + base, B, NR), b_l)
-    acc = mma_v2(gl.convert_layout(pw.to(gl.float16), a_l), vt, acc)
-    return acc, m_i, l_i, m_top, ms_run
+def _valid_bits(valid, rows, prow):
+    """``valid`` [64] (two rows per lane, the same in every warp; ``rows`` their positions) as the 64 bits of a
+    warp's two ballots, read back at positions ``prow`` (any layout)."""
+    m = gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }",
+                                  "=r,r", [gl.where(valid, 1, 0)], dtype=gl.int32, is_pure=False, pack=1)
+    lo = gl.max(gl.where(rows < 32, m, -2147483648), axis=0).to(gl.uint32, bitcast=True).to(gl.int64)
+    hi = gl.max(gl.where(rows >= 32, m, -2147483648), axis=0).to(gl.uint32, bitcast=True).to(gl.int64)
+    return ((((hi << 32) | lo) >> prow.to(gl.int64)) & 1) != 0
 
 
 @gluon.jit
@@ -377,18 +353,24 @@ def _clock(NW: gl.constexpr):
 
 
 @gluon.jit
-def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv,
-             zs, acc, m_i, l_i, ms_prev, sm_scale_log2, tr, lz, off_sca, mma: gl.constexpr, a_l: gl.constexpr,
+def _tile_hf(i, red, idx, idx_row, start, stop, rows, prow, S, full, empty, off_sc, off_qk, off_rope, off_pv, q16,
+             qr, qinv, zs, acc, m_i, l_i, ms_prev, sm_scale_log2, tr, mma: gl.constexpr, a_l: gl.constexpr,
              b_l: gl.constexpr, p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, B: gl.constexpr,
              HF: gl.constexpr, NR: gl.constexpr, STAGES: gl.constexpr, RING_OFF: gl.constexpr,
-             EMPTY_OFF: gl.constexpr, TRACE: gl.constexpr, LAZY: gl.constexpr):
+             EMPTY_OFF: gl.constexpr, TRACE: gl.constexpr, VC: gl.constexpr):
     """Tile ``i`` of :func:`_math_hf` (``idx``: its index entries; returns the next tile's). ``TRACE``: ``tr`` (5
     per-thread clock sums: the wait for the stage, QK and the logits' sum up to its barrier, the softmax and P.V up
-    to the release, the rest up to the next tile; and the last clock read) gains this tile's. ``LAZY``:
-    :func:`_pv_step_lazy`, its ``(m_top, ms_run)`` carried in ``lz`` (``off_sca``: every row's scales, in each warp)."""
+    to the release, the rest up to the next tile; and the last clock read) gains this tile's. ``VC``: ``idx`` holds
+    the tile's 64 entries two per lane (the same in every warp), their validity moved to the softmax's layout by
+    the compiler's conversion (``VC`` 1) or two ballots (``VC`` 2, :func:`_valid_bits` at ``prow``, the rows of
+    the softmax's layout); else each thread loads the entries of its own 16 rows."""
     if TRACE:
         t0 = _clock(B)
     s, valid, idx, base = _tile_start(i, idx, idx_row, start, stop, rows, S, full, STAGES, RING_OFF)
+    if VC == 1:
+        valid = gl.convert_layout(gl.reshape(valid, [HF, NR]), gl.SliceLayout(1, p_l))
+    elif VC == 2:
+        valid = _valid_bits(valid, rows, prow)
     if TRACE:
         t1 = _clock(B)
     sc = gl.inline_asm_elementwise(_LD1, "=r,r", [off_sc + base], dtype=gl.float32, is_pure=False, pack=1)
@@ -399,22 +381,14 @@ def _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty, off_sc, of
     lg = _sum_logits(red, sp, valid, RED_L, p_l, HF, NR)
     if TRACE:
         t2 = _clock(B)
-    if LAZY:
-        w0, w1, w2, w3 = _ld4(off_sca + base)  # (positive floats: their bits order as the values)
-        sca = gl.max(gl.maximum(gl.maximum(w0, w1), gl.maximum(w2, w3)), axis=0).to(gl.float32, bitcast=True)
-        m_top, ms_run = lz
-        acc, m_i, l_i, m_top, ms_run = _pv_step_lazy(lg, sc, sca, base, off_pv, acc, m_i, l_i, m_top, ms_run,
-                                                     sm_scale_log2, mma, a_l, b_l, L4, B, HF, NR)
-        lz = (m_top, ms_run)
-    else:
-        acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l,
-                                          L4, B, HF, NR)
+    acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l,
+                                      L4, B, HF, NR)
     _release(empty, s, EMPTY_OFF, B)
     if TRACE:
         t3 = _clock(B)
         w, q, p, g, last = tr
         tr = (w + (t1 - t0), q + (t2 - t1), p + (t3 - t2), g + gl.where(i > 0, t0 - last, 0), t3)
-    return acc, m_i, l_i, ms_prev, idx, tr, lz
+    return acc, m_i, l_i, ms_prev, idx, tr
 
 
 @gluon.jit
@@ -422,7 +396,7 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
              S, sm_scale_log2, STAGES: gl.constexpr, RING_OFF: gl.constexpr, SKIP: gl.constexpr, HF: gl.constexpr,
              RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, FIN: gl.constexpr, NSPLIT: gl.constexpr,
              out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr, trace_ptr,
-             TRACE: gl.constexpr, LAZY: gl.constexpr, SCA_L: gl.constexpr):
+             TRACE: gl.constexpr, VC: gl.constexpr, IDX_L: gl.constexpr):
     """``4 HF`` math warps: warp ``b`` owns value group ``b % 4`` for rows ``[NR (b // 4), +NR)`` of each tile
     (``NR = 64 / HF``); the warps of one row range sum their logits and run their own online softmax, each row range
     being a split of its own in the partials (slot ``HF * sid + b // 4``). ``FIN`` (``HF`` 1): the kernel finishes the
@@ -471,6 +445,9 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     vh = gl.arange(0, HF, gl.SliceLayout(1, gl.SliceLayout(1, p_l)))
     vn = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, p_l)))
     rows = NR * vh[:, None] + vn[None, :]  # [HF, NR]
+    prow = rows
+    if VC:  # (the entries two per lane, the same in every warp: see _tile_hf)
+        rows = gl.arange(0, BN, IDX_L)
     # ---- the loop ----
     zs = gl.zeros([B, H, NR], gl.float32, mma)
     acc = gl.zeros([B, H, 128], gl.float32, mma)
@@ -485,19 +462,11 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     idx = gl.load(idx_row + n, mask=n < stop, other=-1)
     z = gl.zeros([32 * B], gl.int32, gl.BlockedLayout([1], [32], [B], [0]))
     tr = (z, z, z, z, z)
-    lz = (m_i, gl.sum(gl.zeros([2], gl.float32, gl.BlockedLayout([1], [32], [B], [0])), axis=0))  # (m_top, ms_run)
-    sr = gl.arange(0, BN, SCA_L)
-    off_sca = sr * ROW + 512
     for i in range(n_tiles):
-        acc, m_i, l_i, ms_prev, idx, tr, lz = _tile_hf(i, red, idx, idx_row, start, stop, rows, S, full, empty,
-                                                       off_sc, off_qk, off_rope, off_pv, q16, qr, qinv, zs, acc, m_i,
-                                                       l_i, ms_prev, sm_scale_log2, tr, lz, off_sca, mma, a_l, b_l,
-                                                       p_l, L4, RED_L, B, HF, NR, STAGES, RING_OFF, EMPTY_OFF, TRACE,
-                                                       LAZY)
-    m_top = m_i
-    if LAZY:  # the accumulator is in units of the running largest scale; max_logits from the true max
-        m_top, ms_run = lz
-        ms_prev = gl.full([B], 1.0, gl.float32, gl.SliceLayout(1, c_l)) * gl.where(ms_run > 0, ms_run, 1.0)
+        acc, m_i, l_i, ms_prev, idx, tr = _tile_hf(i, red, idx, idx_row, start, stop, rows, prow, S, full, empty,
+                                                   off_sc, off_qk, off_rope, off_pv, q16, qr, qinv, zs, acc, m_i, l_i,
+                                                   ms_prev, sm_scale_log2, tr, mma, a_l, b_l, p_l, L4, RED_L, B, HF, NR,
+                                                   STAGES, RING_OFF, EMPTY_OFF, TRACE, VC)
     if TRACE:  # [program, 4 sums, thread]
         th = gl.arange(0, 32 * B, gl.BlockedLayout([1], [32], [B], [0]))
         row = trace_ptr + (sid * T + t64) * (4 * 32 * B) + th
@@ -518,12 +487,12 @@ def _math_hf(red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr
     f3 = gl.convert_layout(gl.reshape(gl.expand_dims(iv, 1) * gl.expand_dims(mp, 2), [B, H]), gl.SliceLayout(2, mma))
     if FIN and NSPLIT == 1:
         gl.store(fl_ptr + t64 * H + hh[None, :], gl.where(empty_row, float("inf"), lse * LN2))
-        gl.store(fm_ptr + t64 * H + hh[None, :], gl.where(empty_row, float("-inf"), m_top * LN2))
+        gl.store(fm_ptr + t64 * H + hh[None, :], gl.where(empty_row, float("-inf"), m_i * LN2))
         _store_partial(acc * gl.expand_dims(f3, 2), out_ptr, t64, T, B, OUT_L)
     else:
         slot = (HF * sid + sh[:, None]) * T + t64
         gl.store(lse_ptr + slot * H + hh[None, :], lse)
-        gl.store(ml_ptr + slot * H + hh[None, :], m_top)
+        gl.store(ml_ptr + slot * H + hh[None, :], m_i)
         _store_partial(acc * gl.expand_dims(f3, 2), o_ptr, HF * sid * T + t64, T, B, OUT_L)
         if FIN:
             _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT, sink_ptr, HAS_SINK)
@@ -691,8 +660,8 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
                   HF: gl.constexpr, RED: gl.constexpr, RED_L: gl.constexpr,
                   L4: gl.constexpr, OUT_L: gl.constexpr, QS: gl.constexpr, QRS: gl.constexpr, FIN: gl.constexpr,
                   NSPLIT: gl.constexpr, out_ptr, fl_ptr, fm_ptr, cnt_ptr, len_ptr, sink_ptr, HAS_LEN: gl.constexpr,
-                  HAS_SINK: gl.constexpr, trace_ptr, ltr_ptr, TRACE: gl.constexpr, LAZY: gl.constexpr,
-                  SCA_L: gl.constexpr):
+                  HAS_SINK: gl.constexpr, trace_ptr, ltr_ptr, TRACE: gl.constexpr, VC: gl.constexpr,
+                  IDX_L: gl.constexpr):
     """Math warps: ``HF`` 0, :func:`_math_rq` (4 warps); 1 or 2, :func:`_math_hf` (``4 HF`` warps). Two loaders of
     ``LWW`` warps (:func:`_loader`) on alternate tiles. ``FIN`` 1 (``HF`` 1, ``NSPLIT`` programs per token): the
     kernel writes the final ``out`` [T, 16, 512] bf16, ``lse`` and ``max_logits`` itself (:func:`_finish`), with
@@ -724,8 +693,8 @@ def _proto_kernel(q_ptr, stride_qt, kv_ptr, zero_ptr, idx_ptr, stride_it, o_ptr,
         gl.warp_specialize([
             (_math_hf, (red, full, empty, q_ptr, stride_qt, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                         stop, n_tiles, S, sm_scale_log2, STAGES, RING_OFF, SKIP, HF, RED_L, L4, OUT_L, FIN, NSPLIT,
-                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK, trace_ptr, TRACE, LAZY,
-                        SCA_L)),
+                        out_ptr, fl_ptr, fm_ptr, cnt_ptr, EMPTY_OFF, sink_ptr, HAS_SINK, trace_ptr, TRACE, VC,
+                        IDX_L)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
                        0, 2, LWW, ltr_ptr, sid * T + t64, TRACE)),
             (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, STAGES, RING_OFF, BAR_OFF,
@@ -767,20 +736,20 @@ def _layouts(f):
     # consecutive values, which needs no shared memory, stores 16 bytes to each of 32 rows per instruction: 2.6 us
     # slower at batch 32)
     out_l = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [b, 1, 1], [2, 1, 0])
-    # a tile's 64 rows, two per lane, the same in every warp (the lazy rescale's largest scale of the tile)
-    sca_l = gl.DistributedLinearLayout(reg_bases=[[32]], lane_bases=[[1], [2], [4], [8], [16]],
+    # a tile's 64 rows, two per lane, the same in every warp (its index entries with ``VC``)
+    idx_l = gl.DistributedLinearLayout(reg_bases=[[32]], lane_bases=[[1], [2], [4], [8], [16]],
                                        warp_bases=[[0]] * lg(b), block_bases=[], shape=[64])
-    return red, red_l, l4, out_l, sca_l
+    return red, red_l, l4, out_l, idx_l
 
 
-def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0, lazy=0):
+def _consts(stages, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0, vc=0):
     assert stages % 2 == 0, "two loaders on alternate tiles: each stage must have one"
-    red, red_l, l4, out_l, sca_l = _layouts(max(hf, 1))
+    red, red_l, l4, out_l, idx_l = _layouts(max(hf, 1))
     qs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     qrs = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     return dict(STAGES=stages, SKIP=skip, LWW=lww, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, HF=hf, RED=red, RED_L=red_l,
                 L4=l4, OUT_L=out_l, QS=qs, QRS=qrs, FIN=fin, NSPLIT=nsplit, HAS_LEN=has_len, HAS_SINK=has_sink,
-                TRACE=trace, LAZY=lazy, SCA_L=sca_l, **_parts(stages))
+                TRACE=trace, VC=vc, IDX_L=idx_l, **_parts(stages))
 
 
 _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
@@ -788,9 +757,9 @@ _PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", o_ptr=
              sink_ptr="*fp32", trace_ptr="*i32", ltr_ptr="*i32")
 
 
-def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0, lazy=0):
+def compile_only(stages=4, skip=0, lww=1, hf=1, fin=0, nsplit=1, has_len=0, has_sink=0, trace=0, vc=0):
     """CPU: compile for sm_90a, resolve the offsets, compile again; print its shared memory and instruction counts."""
-    consts = _consts(stages, skip, lww, hf, fin, nsplit, has_len, has_sink, trace, lazy)
+    consts = _consts(stages, skip, lww, hf, fin, nsplit, has_len, has_sink, trace, vc)
     parts = _parts(stages)
     nw = 4 * max(hf, 1)
     k = compile_sm90(_proto_kernel, consts, _PTRS, nw, ("sm_scale_log2", ))
@@ -812,8 +781,8 @@ def _resolve(consts, k, stages, hf):
     return offs
 
 
-def _math_name(hf, fin, lazy=0):
-    return ("rq", "g4", "g8")[hf] + "f" * fin + "z" * lazy
+def _math_name(hf, fin, vc=0):
+    return ("rq", "g4", "g8")[hf] + "f" * fin + "c" * vc
 
 
 _OFFS = {}
@@ -829,14 +798,14 @@ def _counters(T, dev):
 
 
 def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww=1, merge=True, hf=1, poison=False,
-                         fin=0, topk_length=None, attn_sink=None, trace=None, lazy=0, ltrace=None):
+                         fin=0, topk_length=None, attn_sink=None, trace=None, vc=0, ltrace=None):
     """fp8_ds_mla cache ``kv`` [S, 656] uint8, ``q`` [T, 16, 576] bf16, ``idx`` [T, topk] int32, ``topk_length`` [T]
     int32 or None, ``attn_sink`` [16] f32 or None: ``(out, max_logits, lse)`` as :func:`dsa.sparse_mla`, through
     this prototype and the library's merge kernel; with ``fin`` 1 (``hf`` 1) the kernel finishes the call itself
     (:func:`_finish`). ``merge`` False (``fin`` 0): the split partials ``(o, max, lse)`` instead. ``trace``: an int32
     tensor of ``[ns T, 4, 128]`` (``hf`` 1) that receives each math thread's clock sums (:func:`_tile_hf`).
-    ``lazy`` 1 (``hf`` >= 1): the lazy rescale (:func:`_pv_step_lazy`). ``ltrace`` (with ``trace``): int32 ``[ns T, 2,
-    2, 32 lww]``, the loaders' clock sums (:func:`_loader`)."""
+    ``vc`` 1 or 2 (``hf`` >= 1): the index entries two per lane (see :func:`_tile_hf`). ``ltrace`` (with
+    ``trace``): int32 ``[ns T, 2, 2, 32 lww]``, the loaders' clock sums (:func:`_loader`)."""
     T, h_q, _ = q.shape
     assert h_q == 16 and kv.dtype == torch.uint8 and kv.is_contiguous() and q.stride(2) == 1
     assert not fin or hf == 1
@@ -855,14 +824,14 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
         for t in (o_part, lse_part, ml_part, out, lse, ml):
             t.fill_(float("nan"))
     has_len, has_sink = int(topk_length is not None), int(attn_sink is not None)
-    consts = _consts(stages, skip, lww, hf, fin, ns, has_len, has_sink, int(trace is not None), lazy)
+    consts = _consts(stages, skip, lww, hf, fin, ns, has_len, has_sink, int(trace is not None), vc)
     args = (q, q.stride(0), kv, zero_row(656, dev), idx, idx.stride(0), o_part, lse_part, ml_part, T, S, topk,
             split_len, float(sm_scale) * 1.4426950408889634)
     ptrs = dict(out_ptr=out, fl_ptr=lse, fm_ptr=ml, cnt_ptr=_counters(T, dev),
                 len_ptr=topk_length if has_len else idx, sink_ptr=attn_sink if has_sink else lse,
                 trace_ptr=idx if trace is None else trace, ltr_ptr=idx if ltrace is None else ltrace)
     grid = (ns, T)
-    key = (stages, skip, lww, hf, fin, ns, has_len, has_sink, trace is not None, lazy)
+    key = (stages, skip, lww, hf, fin, ns, has_len, has_sink, trace is not None, vc)
     if key not in _OFFS:
         k = _proto_kernel.warmup(*args, grid=grid, num_warps=4 * max(hf, 1), **ptrs, **consts)
         offs = _resolve(consts, k, stages, hf)
@@ -879,7 +848,7 @@ def proto_sparse_mla_fp8(q, kv, idx, sm_scale, num_splits, stages=4, skip=0, lww
 
 
 def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
-    """``configs``: (warps per loader, ``hf``, ``fin``, ``lazy``) quadruples, each checked and timed."""
+    """``configs``: (warps per loader, ``hf``, ``fin``, ``vc``) quadruples, each checked and timed."""
     from dsa.bench import mla_inputs
     from dsa.mla import sparse_mla_ref
     from dsa.mla.kernel import sparse_mla_triton
@@ -900,10 +869,10 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
                 lens[1:4] = torch.tensor([1000, 64, 1], dtype=torch.int32, device=dev)
             sink = torch.randn(16, generator=g, device=dev, dtype=torch.float32)
         ref = sparse_mla_ref(q, flat, idx, sm_scale, attn_sink=sink, topk_length=lens)
-        for lww, hf, fin, lazy in configs:
+        for lww, hf, fin, vc in configs:
             for rep in range(2 if fin else 1):  # (twice: the counters must be back at 0 after each call)
                 got = proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, 0, lww, hf=hf, poison=True, fin=fin,
-                                           topk_length=lens, attn_sink=sink, lazy=lazy)
+                                           topk_length=lens, attn_sink=sink, vc=vc)
                 torch.cuda.synchronize()
                 d_out = (got[0].float() - ref[0].float()).abs().max().item()
                 ok = torch.isfinite(ref[2])
@@ -912,7 +881,7 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
                 same_inf = bool(torch.equal(torch.isinf(got[2]), torch.isinf(ref[2]))
                                 and torch.equal(torch.isinf(got[1]), torch.isinf(ref[1])))
                 print(f"check T {T} splits {ns}{' topk_length + sink' if extra else ''}, loader warps {2 * lww}, "
-                      f"math {_math_name(hf, fin, lazy)}: max |out - ref| {d_out:.5f} (max |ref| "
+                      f"math {_math_name(hf, fin, vc)}: max |out - ref| {d_out:.5f} (max |ref| "
                       f"{ref[0].float().abs().max().item():.3f}), max |lse - ref| {d_lse:.2e}, max |max_logits - ref| "
                       f"{d_ml:.2e}, inf pattern {'same' if same_inf else 'DIFFERENT'}, NaN in out: "
                       f"{bool(torch.isnan(got[0]).any())}", flush=True)
@@ -926,17 +895,17 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
         baseline_and_floor(q, kv, idx, sm_scale, 656, "gather, dequantise, bmm")
         for ns in ((4, ) if T == 32 else (2, ) if T == 64 else (1, 2)):
             ms_walk = ms_of(lambda: bulk_walk(words, idx, walk_out, ns, 4, 0, 2, 1, 0, 4))
-            for lww, hf, fin, lazy in configs:
+            for lww, hf, fin, vc in configs:
                 try:
                     t = [ms_of(lambda: proto_sparse_mla_fp8(q, flat, idx, sm_scale, ns, 4, sk, lww, mg, hf, fin=fin,
-                                                            lazy=lazy))
+                                                            vc=vc))
                          for sk, mg in ((1, False), (0, False), (0, True))[:3 - fin]]
                     t += t[-1:] * fin  # (the kernel finishes the call itself)
                 except Exception as e:
-                    print(f"T {T} splits {ns} loader warps {2 * lww} math {_math_name(hf, fin, lazy)}: "
+                    print(f"T {T} splits {ns} loader warps {2 * lww} math {_math_name(hf, fin, vc)}: "
                           f"{type(e).__name__}: {e}"[:300], flush=True)
                     continue
-                rows.append((T, ns, 2 * lww, _math_name(hf, fin, lazy), ms_lib, ms_walk, *t))
+                rows.append((T, ns, 2 * lww, _math_name(hf, fin, vc), ms_lib, ms_walk, *t))
                 print(f"T {T} splits {ns}, {2 * lww} loader warps, math {rows[-1][3]}: library default "
                       f"{ms_lib * 1e3:.1f} us, bulk "
                       f"walk (waits) {ms_walk * 1e3:.1f}, prototype: copies alone {t[0] * 1e3:.1f}, kernel "
@@ -944,7 +913,7 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
     print("\nus; 'walk': bulk_gather.py's copies alone (2 loaders, 4 stages, waits); prototype: its copies alone, "
           "its kernel, the whole call (the kernel, then the merge kernel unless 'f')")
     print("math: 'rq' rows-QK (_math_rq, 4 warps), 'g4'/'g8' groups-QK (_math_hf, 4/8 warps), 'f' the kernel "
-          "finishes the call (_finish), 'z' the lazy rescale (_pv_step_lazy)")
+          "finishes the call (_finish), 'c' the index entries two per lane (vc)")
     print(f"{'batch':>5} {'splits':>6} {'loaders':>7} {'math':>4} {'default':>7} {'walk':>6} {'copies':>6} "
           f"{'kernel':>6} {'whole':>6}")
     for r in rows:
@@ -952,7 +921,7 @@ def main(configs=((2, 1, 0, 0), (2, 1, 1, 0))):
               + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[4:], (7, 6, 6, 6, 6))))
 
 
-def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
+def trace_phases(cases=((32, 4), (64, 2), (128, 1)), vcs=(0, 1, 2)):
     """H200: where the math warps' tile goes (clock sums per tile, ``fin`` 1, 4 loader warps), beside the time of
     the call with and without the trace."""
     from dsa.bench import mla_inputs
@@ -960,19 +929,19 @@ def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
     ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
     names = ("wait for the stage (and the barrier before it)", "QK + logits sum", "softmax + P.V + release",
              "to the next tile")
-    for (T, ns), lazy in ((c, z) for c in cases for z in (0, 1)):
+    for (T, ns), vc in ((c, z) for c in cases for z in vcs):
         q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
         flat = kv.reshape(-1, 656)
         tr = torch.zeros(ns * T, 4, 128, dtype=torch.int32, device="cuda")
         ltr = torch.zeros(ns * T, 2, 2, 64, dtype=torch.int32, device="cuda")
         call = lambda t: proto_sparse_mla_fp8(q, flat, idx, 576 ** -0.5, ns, lww=2, fin=1, trace=t,  # noqa: E731
-                                              lazy=lazy, ltrace=None if t is None else ltr)
+                                              vc=vc, ltrace=None if t is None else ltr)
         call(tr)
         torch.cuda.synchronize()
         tiles = 2048 // 64 // ns
         per_tile = tr.double().mean(dim=(0, 2)) / tiles
         ms0, ms1 = ms_of(lambda: call(None)), ms_of(lambda: call(tr))
-        print(f"T {T}, {ns} splits ({tiles} tiles per program){', lazy rescale' if lazy else ''}: {ms0 * 1e3:.1f} us, "
+        print(f"T {T}, {ns} splits ({tiles} tiles per program), vc {vc}: {ms0 * 1e3:.1f} us, "
               f"traced {ms1 * 1e3:.1f} us; "
               f"clocks per tile: " + ", ".join(f"{n} {c:.0f}" for n, c in zip(names, per_tile.tolist()))
               + f"; total {per_tile.sum().item():.0f}; each loader, per tile of its own: wait for a free stage "
@@ -987,7 +956,7 @@ if __name__ == "__main__":
     ap.add_argument("--trace", action="store_true", help="the math warps' clocks per tile (trace_phases)")
     ap.add_argument("--hf", type=int, default=0, help="--profile's math warps (see _consts)")
     ap.add_argument("--configs", default="2,1,0 2,1,1",
-                    help="the checked and timed (warps per loader, hf, fin[, lazy]) tuples")
+                    help="the checked and timed (warps per loader, hf, fin[, vc]) tuples")
     a = ap.parse_args()
     if a.trace:
         trace_phases()

@@ -30,7 +30,8 @@ with contextlib.redirect_stdout(io.StringIO()):
                        ("fp8 g4f4", (4, 0, 2, 1, 1, 4)), ("fp8 g4f len sink", (4, 0, 2, 1, 1, 1, 1, 1)),
                        ("fp8 g4f4 len sink", (4, 0, 2, 1, 1, 4, 1, 1)),
                        ("fp8 g4f trace", (4, 0, 2, 1, 1, 2, 0, 0, 1)),
-                       ("fp8 g4f lazy", (4, 0, 2, 1, 1, 2, 1, 1, 0, 1))):
+                       ("fp8 g4f vc1", (4, 0, 2, 1, 1, 2, 1, 1, 0, 1)),
+                       ("fp8 g4f vc2", (4, 0, 2, 1, 1, 2, 1, 1, 0, 2))):
         out[name] = G.sass_counts(F.compile_only(*args), PRE)
     out["bf16 proto"] = G.sass_counts(M.compile_only(2, 4, 0, 1), PRE)
     for name, args in (("walk fp8", (656, 4, 1, 4, 1)), ("walk bf16", (1152, 3, 1))):
@@ -53,7 +54,7 @@ def test_prototypes_compile_for_sm90():
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
     for name in ("fp8 g4", "fp8 g4f", "fp8 g4f4", "fp8 g4f len sink", "fp8 g4f4 len sink", "fp8 g4f trace",
-                 "fp8 g4f lazy", "fp8 copies", "bf16 proto", "walk fp8", "walk bf16"):
+                 "fp8 g4f vc1", "fp8 g4f vc2", "fp8 copies", "bf16 proto", "walk fp8", "walk bf16"):
         assert "STL" not in c[name] and "LDL" not in c[name], (name, c[name])
     g4 = c["fp8 g4"]
     # per thread and 64-row tile: 16 + 16 16-byte operand reads, 256 fp8 -> f16 conversions, 128 + 8 products; the
