@@ -25,7 +25,7 @@ measures that rate on the decode benchmark's rows (T tokens x 2048 random rows o
 Gluon (Triton 3.6) has no bulk-copy op and gives inline PTX no shared-memory address, so the copies address the
 ring and its mbarriers as ``global_smem`` (the kernel's dynamic shared memory) plus the offsets the compiler's
 allocation pass gives those buffers: the kernel is compiled once, the allocation pass run on its TTGIR
-(:func:`allocated`), and the kernel run with the offsets as constants (they do not depend on them). The ring's rows
+(``dsa.mla.kernel_bulk.allocated``), and the kernel run with the offsets as constants (they do not depend on them). The ring's rows
 are linear (no swizzle): a kernel fed this way takes its operands into registers (``ldmatrix`` / ``ld.shared``), not
 as wgmma's shared-memory operands.
 """
@@ -45,20 +45,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dsa.constants import H200_COPY_BYTES_PER_S  # noqa: E402
+from dsa.mla.kernel_bulk import allocated, offsets, stage_barriers  # noqa: E402,F401
 
 BN = gl.constexpr(64)  # rows per tile
-
-
-@gluon.jit
-def stage_barriers(STAGES: gl.constexpr, EMPTY_COUNT: gl.constexpr = 1):
-    """The ring's ``full`` and ``empty`` mbarriers, ``[STAGES, 1]`` each, initialised to one arrival (``empty``:
-    ``EMPTY_COUNT``)."""
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(STAGES):
-        mbarrier.init(full.index(j), count=1)
-        mbarrier.init(empty.index(j), count=EMPTY_COUNT)
-    return full, empty
 
 
 @gluon.jit
@@ -192,54 +181,15 @@ def ring_parts(row: int, stages: int):
     return dict(zip(("P0", "P1", "P2", "P3"), parts + [0] * (4 - len(parts))))
 
 
-def allocated(ttgir: str, capability: int = 90) -> str:
-    """The TTGIR after the compiler's shared-memory allocation (the passes ``make_llir`` runs first), as text: its
-    ``local_alloc`` ops carry their ``allocation.offset``."""
-    import tempfile
-
-    from triton._C.libtriton import ir, nvidia, passes
-
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    nvidia.load_dialects(ctx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as f:
-        f.write(ttgir)
-    mod = ir.parse_mlir_module(f.name, ctx)
-    os.unlink(f.name)
-    pm = ir.pass_manager(ctx)
-    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
-    passes.ttgpuir.add_allocate_warp_groups(pm)
-    passes.convert.add_scf_to_cf(pm)
-    passes.gluon.add_inliner(pm)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, capability, 86)
-    pm.run(mod, "allocate")
-    return str(mod)
-
-
-def offsets(ttgir: str, parts: dict, stages: int, empty: bool = False):
-    """(ring, full-barrier) byte offsets of the compiled kernel's shared memory, from its TTGIR: the ring's buffers
-    must lie side by side (any order), 16-byte aligned; the full barriers are the first ``[STAGES, 1]`` i64 buffer
-    (``empty``: also the empty barriers', the second)."""
-    allocs = re.findall(r"ttg\.local_alloc\s*\{allocation\.offset = (\d+) : i32\}\s*:\s*\(\)\s*->\s*"
-                        r"!ttg\.memdesc<([0-9x]+)x(i32|i64)", allocated(ttgir))
-    sizes = sorted(v for v in parts.values() if v)
-    ring = sorted((int(o), int(shape)) for o, shape, ty in allocs if ty == "i32" and "x" not in shape)
-    assert sorted(n for _, n in ring) == sizes, (allocs, parts)
-    for (o0, n0), (o1, _) in zip(ring, ring[1:]):
-        assert o1 == o0 + 4 * n0, f"the ring's buffers are not side by side: {ring}"
-    bars = [int(o) for o, shape, ty in allocs if ty == "i64" and shape == f"{stages}x1"]
-    assert len(bars) == 2 and ring[0][0] % 16 == 0, allocs
-    return (ring[0][0], bars[0], bars[1]) if empty else (ring[0][0], bars[0])
-
-
-def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=()):
+def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=(), divisible=()):
     """Compile the Gluon kernel ``fn`` for sm_90a on any machine (no GPU needed): ``consts`` its constexprs,
-    ``ptrs`` its pointer arguments and their types (16-byte aligned), ``floats`` its fp32 arguments (the rest i32)."""
+    ``ptrs`` its pointer arguments and their types (16-byte aligned), ``floats`` its fp32 arguments (the rest i32;
+    those in ``divisible`` multiples of 16, as the launcher specialises them)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
+    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in (*ptrs, *divisible)}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
 

@@ -78,6 +78,12 @@ def test_gpu_mla_cache_past_8gib(kv_format, H, gluon, monkeypatch):
         assert got[0] is out
         assert_matches(got, want, max_abs_v(cache, idx, S), f"{kv_format} H={H} gluon={gluon} splits={splits}")
     assert len(calls) == (2 if hopper else 0)  # the Hopper kernel served both calls where there is one
+    if hopper and kv_format == "fp8_ds_mla" and H == 16:  # and the bulk-copy kernel (dsa.mla.kernel_bulk)
+        for splits in (None, 3):
+            got = sparse_mla_triton(q, cache.view(S, -1), idx, sm, D_V, None, None, None, num_splits=splits,
+                                    config=dict(bulk=True))
+            assert_matches(got, want, max_abs_v(cache, idx, S), f"bulk splits={splits}")
+        assert len(calls) == 2
 
 
 @pytest.mark.parametrize("block_size", [1, 64])

@@ -38,8 +38,10 @@ head group therefore goes to the Gluon kernel of :mod:`dsa.mla.kernel_sm90`, whi
 the warpgroups by hand and gives the copies (and fp8 dequantisation) to a producer warpgroup (same
 arguments, same results; ``config=dict(gluon=False)`` keeps this kernel); 16/32-head groups there make
 the gathered rows the M dimension, and 64-head groups over the bf16 cache alternate tiles between the two
-math warpgroups (FlashMLA's ping-pong). Measured numbers are in BENCHMARKS.md (benchmarks/bench_mla.py,
-sweep.py).
+math warpgroups (FlashMLA's ping-pong). 16-head decode over the fp8_ds_mla cache at the batches where it is
+faster goes to :mod:`dsa.mla.kernel_bulk` instead (rows by bulk copies, operands converted in registers for
+``mma.sync``; ``config=dict(bulk=False)`` keeps :mod:`dsa.mla.kernel_sm90`). Measured numbers are in BENCHMARKS.md
+(benchmarks/bench_mla.py, bench_mla_bulk.py, sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
 was measured 1.5x slower at h_q 128 and 64 (Triton's separate per-group dots and four scaled copies
 of P cost more than the per-value multiply), so each value is dequantised once, as here.
@@ -57,10 +59,10 @@ from ..layouts import fp8_ds_mla_views
 from .epilogue import merge_weights, row_stats
 from .order import DEFAULT_BUCKETS, MAX_ORDER_TOPK, order_indices
 
-try:  # the Hopper kernel is written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
-    from . import kernel_sm90
+try:  # the Hopper kernels are written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
+    from . import kernel_bulk, kernel_sm90
 except ImportError:  # pragma: no cover
-    kernel_sm90 = None
+    kernel_bulk = kernel_sm90 = None
 
 _LOG2E = 1.4426950408889634
 
@@ -427,8 +429,10 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     h_q > 64); ``cluster=False`` keeps the merge kernel after its
     split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
     ``rows=True`` with a
-    16/32-head group takes it with the gathered rows as the M dimension). Without ``config``, small
-    head groups on sm_90 take that kernel where it is supported. ``order`` forces the index lists grouped by
+    16/32-head group takes it with the gathered rows as the M dimension; ``bulk=True/False`` takes
+    :mod:`dsa.mla.kernel_bulk` wherever it applies, or never). Without ``config``, small
+    head groups on sm_90 take that kernel where it is supported, and 16-head decode over the fp8 cache
+    :mod:`dsa.mla.kernel_bulk` where :func:`dsa.mla.kernel_bulk.serves` says so. ``order`` forces the index lists grouped by
     slot range first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
@@ -437,6 +441,10 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     S = kv.shape[0]
     dev = q.device
     is_fp8 = kv.dtype == torch.uint8
+    bulk = (config or {}).get("bulk")
+    if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
+        if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
+            return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
     if out is None:
         out = torch.empty(T, h_q, d_v, dtype=torch.bfloat16, device=dev)
     max_logits = torch.empty(T, h_q, dtype=torch.float32, device=dev)
@@ -450,6 +458,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
     cfg = default_config(h_q, is_fp8, T)
+    config = {k: v for k, v in (config or {}).items() if k != "bulk"}
     if not config and kernel_sm90 is not None and cfg["block_h"] < 64 and kernel_sm90.supported(q, kv, cfg["block_h"]):
         cfg.update(SM90_ROWS_SMALL_HEADS)
         if cfg["block_h"] == 32 and T <= SM90_TWO_GROUPS_MAX_T:

@@ -118,9 +118,10 @@ and its separate merge kernel brings it back to parity. Its copies alone take 12
 0.4-0.5 us per tile that four warps do not hide. Twenty-seventh session: finishing the call in that kernel (the output written directly at
 one split; the last program's merge at more) and each math thread releasing its stage by its own arrival bring it to
 22.9 / 35.5 / 60.1 us, against 22.0 / 37.2 / 65.6 here (-4.6% at batch 64, -8.4% at batch 128, +4% at batch 32).
-Two math groups on alternate tiles and a loop unrolled by two were 20-30% slower. It stays a benchmark script: it
-depends on the compiler's allocation offsets and covers only 16 heads (its ``topk_length`` and sink were added after
-the session's last GPU call and are not yet checked there).
+Two math groups on alternate tiles and a loop unrolled by two were 20-30% slower. Twenty-eighth session: with each
+tile's index entries loaded two per lane and their validity passed by warp ballots it takes 21.7 / 34.3 / 55.7 us
+(-7% / -15% at batch 64 / 128); it is now :mod:`dsa.mla.kernel_bulk`, which serves 16-head fp8 decode where it is
+faster (:func:`dsa.mla.kernel_bulk.serves`).
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton

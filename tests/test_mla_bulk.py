@@ -1,0 +1,191 @@
+"""The 16-head fp8_ds_mla decode kernel on the bulk-copy ring (``dsa.mla.kernel_bulk``, sm_90 only).
+
+Its Gluon kernel cannot run under the CPU interpreter. Here on any machine: what its compiled sm_90a code must hold
+(the ring's buffers side by side at the offsets the copies use, no spills, every operand converted in registers,
+the index validity by ballots) and its host-side rules. On a Hopper GPU: the kernel against the reference with
+invalid entries scattered through the rows, NaN in every unused cache slot, rows with no valid entry,
+``topk_length``, sink, 1-4 splits, poisoned and padded outputs, a strided q, reruns (bitwise equal), the default
+dispatch, and a CUDA-graph replay."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dsa.mla.reference as ref_mod
+from dsa.constants import D_V
+from dsa.mla import kernel_bulk as KB
+from dsa.mla import sparse_mla, sparse_mla_ref
+from dsa.mla.kernel import sparse_mla_triton
+from test_mla import assert_matches, make_case, max_abs_v
+from utils import poison_, record_launches, skip_unless_hopper
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+_COMPILE = r"""
+import contextlib, io, json, sys
+sys.path.insert(0, sys.argv[1])
+import bulk_gather as G
+import bench_mla_bulk as B
+
+PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "VOTE")
+out = {}
+with contextlib.redirect_stdout(io.StringIO()):
+    for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("len sink", (2, True, True)),
+                       ("len sink 1 split", (1, True, True)), ("copies", (1, False, False, True)),
+                       ("trace", (2, False, False, False, True))):
+        out[name] = G.sass_counts(B.compile_only(*args), PRE)
+print(json.dumps(out))
+"""
+
+
+def test_bulk_kernel_compiles_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (the interpreter cannot compile Gluon)
+    r = subprocess.run([sys.executable, "-c", _COMPILE, _BENCH], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, counts in c.items():
+        assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
+        assert "STL" not in counts and "LDL" not in counts, (name, counts)  # no spills
+    one = c["1 split"]
+    # per thread and 64-row tile: 16 + 16 16-byte operand reads, 256 fp8 -> f16 conversions, 128 + 8 products; the
+    # other shared traffic: the logits' sum (16 8-byte stores) and the output's reorder (16 16-byte stores); the
+    # tile's validity from two ballots; at one split the bf16 output in 8-byte stores
+    assert one["LDS.128"] == 32 and one["F2FP.F16.E4M3.UNPACK_B"] == 256, one
+    assert one["HMMA.16816.F32"] == 128 and one["HMMA.16816.F32.BF16"] == 8, one
+    assert one["STS.64"] == 16 and one["STS.128"] == 16 and one["STG.E.64"] == 16, one
+    assert one["VOTE.ANY"] == 2, one
+    # more splits: fp32 partials in 16-byte stores, the last program's merge in 16-byte loads
+    assert c["4 splits"]["STG.E.128"] == 16 and c["4 splits"]["LDG.E.128"] == 64, c["4 splits"]
+    assert "HMMA.16816.F32" not in c["copies"], c["copies"]  # SKIP: the copies alone
+
+
+def test_bulk_host_rules():
+    """Where the kernel applies and serves, and its split count (one CTA per SM)."""
+    q = torch.zeros(64, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(100, 656, dtype=torch.uint8)
+    idx = torch.zeros(64, 2048, dtype=torch.int32)
+    assert not KB.applies(q, kv, idx, None)  # not on a Hopper GPU (or under the interpreter)
+    assert not KB.serves(KB.MIN_T - 1, 2048) and KB.serves(KB.MIN_T, 2048) and KB.serves(256, 2048)
+    assert [KB.num_splits_for(T, 2048, 132) for T in (1, 32, 64, 66, 67, 128, 256)] == [32, 4, 2, 2, 1, 1, 1]
+    assert KB.num_splits_for(1, 100, 132) == 2  # at most one program per 64-entry tile
+    assert KB.split_plan(5, 1000, 3, 132) == (3, 384) and KB.split_plan(3, 300, 4, 132) == (3, 128)
+    assert KB.split_plan(2, 1, None, 132) == (1, 64) and KB.split_plan(64, 2048, None, 132) == (2, 1024)
+    parts = KB.ring_parts()
+    assert 4 * (parts["P0"] + parts["P1"]) >= KB.STAGES * 64 * 656
+
+
+def test_bulk_dispatch_on_cpu_is_the_reference():
+    """Off Hopper ``config=dict(bulk=True)`` cannot take the kernel: the call is served as without it."""
+    q, kv, idx, sm, sink, tl_ = make_case(2, 16, 70, 200, "fp8_ds_mla", seed=5, with_len=True, with_sink=True)
+    flat = ref_mod.flat_kv(kv)
+    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, config=dict(bulk=True))
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 200))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (sm_90)
+# ----------------------------------------------------------------------------------------------
+def _launches(monkeypatch) -> list:
+    """Records the split count of every launch of the bulk kernel."""
+    calls = []
+    kern = KB._sparse_mla_bulk_kernel
+    spy = lambda self, grid: lambda *a, **k: (calls.append(k["NSPLIT"]), kern[grid](*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(KB, "_sparse_mla_bulk_kernel", type("Spy", (), {"__getitem__": spy,
+                                                                        "warmup": kern.warmup})())
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,topk,S,splits", [(1, 37, 90, None), (3, 2048, 1 << 15, None), (3, 300, 4096, 4),
+                                             (5, 1000, 5056, 3), (64, 2048, 1 << 16, None), (7, 64, 500, 1),
+                                             (70, 129, 4096, None), (200, 640, 8192, 2), (2, 1, 50, None)])
+@pytest.mark.parametrize("extras", [False, True])
+def test_gpu_bulk_kernel(T, topk, S, splits, extras, monkeypatch):
+    """Against the reference (20% invalid entries, NaN in unused slots, a row with no valid entry; with
+    ``extras`` also topk_length (full, 0, random) and a sink), twice into poisoned output rows padded on both
+    sides (the split counters are the call's own); bitwise equal reruns; and against ``kernel_sm90``."""
+    skip_unless_hopper()
+    q, kv, idx, sm, sink, tl_ = make_case(T, 16, topk, S, "fp8_ds_mla", seed=T * 7 + topk, with_len=extras,
+                                          with_sink=extras, empty_rows=(1,) if T > 2 else ())
+    if tl_ is not None:
+        tl_[0] = topk
+        if T > 2:
+            tl_[2] = 0
+    flat = ref_mod.flat_kv(kv)
+    calls = _launches(monkeypatch)
+    outs, bigs = [], []
+    for _ in range(2):
+        big = poison_(torch.empty(T, 16, 640, dtype=torch.bfloat16, device=q.device))
+        out = big[:, :, 64:64 + D_V]
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(bulk=True))
+        assert got[0] is out
+        outs.append(got)
+        bigs.append(big)
+    nsm = torch.cuda.get_device_properties(q.device).multi_processor_count
+    assert calls == [KB.split_plan(T, topk, splits, nsm)[0]] * 2
+    for big in bigs:  # nothing written outside the output rows
+        assert torch.isnan(big[:, :, :64].float()).all() and torch.isnan(big[:, :, 64 + D_V:].float()).all()
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    vmax = max_abs_v(kv, idx, S)
+    assert_matches(outs[0], want, vmax, str((T, topk, S, splits, extras)))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    other = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(bulk=False))
+    assert_matches(outs[0], other, vmax, "against kernel_sm90")
+
+
+@pytest.mark.gpu
+def test_gpu_bulk_strided_q_and_paged_cache(monkeypatch):
+    """q with a head stride of 640 and the paged cache view [blocks, 64, 1, 656] through the public op."""
+    skip_unless_hopper()
+    T, S = 80, 1 << 14
+    q0, kv, idx, sm, sink, tl_ = make_case(T, 16, 512, S, "fp8_ds_mla", seed=3, block_size=64, with_len=True,
+                                           with_sink=True)
+    qbig = poison_(torch.empty(T, 16, 640, dtype=torch.bfloat16, device=q0.device))
+    qbig[:, :, 32:32 + 576] = q0
+    q = qbig[:, :, 32:32 + 576]
+    calls = _launches(monkeypatch)
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert calls == [1]  # (80 tokens: one split each, the default dispatch)
+    assert_matches(got, sparse_mla_ref(q0, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,kv_format,bulk", [(64, 16, "fp8_ds_mla", True), (200, 16, "fp8_ds_mla", True),
+                                                (32, 16, "fp8_ds_mla", True), (31, 16, "fp8_ds_mla", False),
+                                                (64, 32, "fp8_ds_mla", False),
+                                                (64, 16, "bf16", False)])
+def test_gpu_bulk_default_dispatch(T, H, kv_format, bulk, monkeypatch):
+    """Without a config, 16-head fp8 decode from ``MIN_T`` tokens takes the bulk kernel; the rest ``kernel_sm90``."""
+    from dsa.mla import kernel_sm90
+
+    skip_unless_hopper()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, 256, 2048, kv_format, seed=T + H, with_len=True, with_sink=True)
+    sm90 = record_launches(monkeypatch, kernel_sm90)
+    calls = _launches(monkeypatch)
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert (len(calls), len(sm90)) == ((1, 0) if bulk else (0, 1))
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [64, 128])
+def test_gpu_bulk_cuda_graph(T):
+    """Captured in a CUDA graph (with the split merge at 64 tokens: its counters zeroed by the captured call) and
+    replayed on new inputs: equal to the eager call, bitwise."""
+    skip_unless_hopper()
+    q, kv, idx, sm, sink, _ = make_case(T, 16, 2048, 1 << 16, "fp8_ds_mla", seed=T, with_sink=True)
+    flat = ref_mod.flat_kv(kv)
+    out = torch.empty(T, 16, D_V, dtype=torch.bfloat16, device=q.device)
+    sparse_mla(q, flat, idx, sm, attn_sink=sink, out=out)  # (compiled outside the capture)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _, ml_g, lse_g = sparse_mla(q, flat, idx, sm, attn_sink=sink, out=out)
+    for seed in (1, 2):
+        q.copy_(torch.randn(q.shape, generator=torch.Generator(device="cpu").manual_seed(seed)).to(q))
+        g.replay()
+        want = sparse_mla(q, flat, idx, sm, attn_sink=sink)
+        assert torch.equal(out, want[0]) and torch.equal(ml_g, want[1]) and torch.equal(lse_g, want[2])
