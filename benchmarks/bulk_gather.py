@@ -22,12 +22,12 @@ measures that rate on the decode benchmark's rows (T tokens x 2048 random rows o
   ``gather_ceiling.py``'s walk stores), checked against that walk's output, which proves the copies landed where
   the reads look; ``MATH`` adds FMA rounds per tile (how much arithmetic the copies can hide).
 
-Gluon (Triton 3.6) has no bulk-copy op and gives inline PTX no shared-memory address, so the copies address the
-ring and its mbarriers as ``global_smem`` (the kernel's dynamic shared memory) plus the offsets the compiler's
-allocation pass gives those buffers: the kernel is compiled once, the allocation pass run on its TTGIR
-(``dsa.mla.kernel_bulk.allocated``), and the kernel run with the offsets as constants (they do not depend on them). The ring's rows
-are linear (no swizzle): a kernel fed this way takes its operands into registers (``ldmatrix`` / ``ld.shared``), not
-as wgmma's shared-memory operands.
+Gluon (Triton 3.6) has no bulk-copy op and gives inline PTX no shared-memory address, so the copies address the ring
+and its mbarriers as ``global_smem`` (the kernel's dynamic shared memory) plus the offsets the compiler's allocation
+pass gives those buffers: the kernel is compiled once, the allocation pass run on its TTGIR
+(``dsa.mla.kernel_bulk.allocated``), and the kernel run with the offsets as constants (they do not depend on them).
+The ring's rows are linear (no swizzle): a kernel fed this way takes its operands into registers (``ldmatrix`` /
+``ld.shared``), not as wgmma's shared-memory operands.
 """
 from __future__ import annotations
 

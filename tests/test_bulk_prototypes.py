@@ -6,12 +6,12 @@ Triton walk) before it times anything (BENCHMARKS.md, twenty-fifth and twenty-si
 their shared correctness case, and what their compiled sm_90a code must hold for the numbers recorded for them to
 stand: the ring's buffers side by side at the offsets the copies use (``bulk_gather.offsets`` asserts it), the
 bulk copies present, no spills."""
-import json
 import os
-import subprocess
 import sys
 
 import torch
+
+from utils import compiled_in_subprocess
 
 _BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
@@ -32,16 +32,8 @@ print(json.dumps(out))
 """
 
 
-def _compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (the interpreter cannot compile Gluon)
-    r = subprocess.run([sys.executable, "-c", _COMPILE, _BENCH], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def test_prototypes_compile_for_sm90():
-    c = _compiled()
+    c = compiled_in_subprocess(_COMPILE, _BENCH)
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
     for name in ("bf16 proto", "walk fp8", "walk bf16"):

@@ -6,10 +6,7 @@ the index validity by ballots) and its host-side rules. On a Hopper GPU: the ker
 invalid entries scattered through the rows, NaN in every unused cache slot, rows with no valid entry,
 ``topk_length``, sink, 1-4 splits, poisoned and padded outputs, a strided q, reruns (bitwise equal), the default
 dispatch, and a CUDA-graph replay."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +17,7 @@ from dsa.mla import kernel_bulk as KB
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import sparse_mla_triton
 from test_mla import assert_matches, make_case, max_abs_v
-from utils import poison_, record_launches, skip_unless_hopper
+from utils import compiled_in_subprocess, poison_, record_launches, skip_unless_hopper
 
 _BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
@@ -42,11 +39,7 @@ print(json.dumps(out))
 
 
 def test_bulk_kernel_compiles_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (the interpreter cannot compile Gluon)
-    r = subprocess.run([sys.executable, "-c", _COMPILE, _BENCH], env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    c = json.loads(r.stdout.strip().splitlines()[-1])
+    c = compiled_in_subprocess(_COMPILE, _BENCH)
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
         assert "STL" not in counts and "LDL" not in counts, (name, counts)  # no spills

@@ -72,3 +72,18 @@ def random_block_table(lens: list[int], block_size: int, g: torch.Generator, ext
 def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
     x, y = x.double(), y.double()
     return float((x - y).norm() / y.norm().clamp_min(1e-30))
+
+
+def compiled_in_subprocess(script: str, *args: str, timeout: int = 900):
+    """Run ``script`` (``python -c``, with ``args``) without the Triton interpreter, which cannot compile Gluon
+    for sm_90a, and return the JSON its last output line holds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

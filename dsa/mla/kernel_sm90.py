@@ -112,8 +112,8 @@ Twenty-fifth session: with one bulk copy per row (``cp.async.bulk`` by inline PT
 raw tiles) one CTA per SM does reach it. It copies, reads and sums the batch-64 rows in 28.1 us, and batch 128 in
 51.2 (``benchmarks/bulk_gather.py``). Such a ring's rows are linear, not wgmma's layout, so the way on is that ring
 feeding register operands, as in ``mla-sync``. Twenty-sixth session: that kernel (``benchmarks/proto_bulk_fp8.py``,
-one bulk copy per row, 4 math warps on ``mma_v2`` with every operand converted from the raw bytes) is correct; alone
-it takes 20.1 / 34.3 / 61.7 us at batch 32 / 64 / 128 against this kernel's 21.6 / 36.9 / 65.6 (merge included),
+in git history; one bulk copy per row, 4 math warps on ``mma_v2`` with every operand converted from the raw bytes)
+is correct; alone it takes 20.1 / 34.3 / 61.7 us at batch 32 / 64 / 128 against this kernel's 21.6 / 36.9 / 65.6 (merge included),
 and its separate merge kernel brings it back to parity. Its copies alone take 12.6 / 27.2 / 49.9: the math adds
 0.4-0.5 us per tile that four warps do not hide. Twenty-seventh session: finishing the call in that kernel (the output written directly at
 one split; the last program's merge at more) and each math thread releasing its stage by its own arrival bring it to
