@@ -432,7 +432,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     16/32-head group takes it with the gathered rows as the M dimension; ``bulk=True/False`` takes
     :mod:`dsa.mla.kernel_bulk` wherever it applies, or never). Without ``config``, small
     head groups on sm_90 take that kernel where it is supported, and 16-head decode over the fp8 cache
-    :mod:`dsa.mla.kernel_bulk` where :func:`dsa.mla.kernel_bulk.serves` says so. ``order`` forces the index lists grouped by
+    :mod:`dsa.mla.kernel_bulk` where :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced
+    ``num_splits``, unless ``bulk=True``). ``order`` forces the index lists grouped by
     slot range first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
