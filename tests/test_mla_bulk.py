@@ -71,6 +71,13 @@ def test_bulk_host_rules():
     assert 4 * (parts["P0"] + parts["P1"]) >= KB.STAGES * 64 * 656
 
 
+def test_bulk_specialisation():
+    """The key of the compiled variants whose shared offsets are checked: what the launcher specialises on."""
+    x = torch.zeros(64, dtype=torch.int32)
+    assert KB.specialisation((x, x[1:], 32, 1, 7, 2**31, 0.5)) == (
+        True, False, (True, False, True), (False, True, True), (False, False, True), (True, False, False))
+
+
 def test_bulk_dispatch_on_cpu_is_the_reference():
     """Off Hopper ``config=dict(bulk=True)`` cannot take the kernel: the call is served as without it."""
     q, kv, idx, sm, sink, tl_ = make_case(2, 16, 70, 200, "fp8_ds_mla", seed=5, with_len=True, with_sink=True)

@@ -680,6 +680,13 @@ def split_plan(T: int, topk: int, num_splits: int | None, num_sms: int) -> tuple
     return triton.cdiv(max(topk, 1), split_len), split_len
 
 
+def specialisation(args) -> tuple:
+    """What the launcher specialises a compiled variant on, for the kernel's arguments ``args``: each integer's
+    divisibility by 16, equality to 1 and width (32 or 64 bits), each tensor's 16-byte alignment (floats: nothing)."""
+    return tuple((a % 16 == 0, a == 1, -2**31 <= a < 2**31) if isinstance(a, int) else a.data_ptr() % 16 == 0
+                 for a in args if not isinstance(a, float))
+
+
 def applies(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, out: torch.Tensor | None) -> bool:
     """Whether :func:`sparse_mla_bulk` can serve the call: 16 heads, the fp8_ds_mla cache (``kv`` the flat
     ``[S, 656]`` uint8 view, 16-byte aligned: one bulk copy per row), an NVIDIA Hopper GPU without the
@@ -727,11 +734,10 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
             ltrace if ltrace is not None else indices, T, S, topk, split_len, float(sm_scale) * 1.4426950408889634)
     grid = (ns, T)
     # the constexprs are built once per key (about 170 us of host time each on a CPU); every variant the launcher
-    # compiles (one per specialisation: its integers' divisibility by 16 and equality to 1, its pointers' 16-byte
-    # alignment) has its shared offsets checked once, on the code the launch then runs
+    # compiles (one per specialisation: its integers' divisibility by 16, equality to 1 and width, its pointers'
+    # 16-byte alignment) has its shared offsets checked once, on the code the launch then runs
     key = (str(dev), ns, has_len, has_sink, bool(skip), trace is not None)
-    spec = key + tuple((a % 16 == 0, a == 1) if isinstance(a, int) else a.data_ptr() % 16 == 0
-                       for a in args if not isinstance(a, float))
+    spec = key + specialisation(args)
     consts = _CONSTS.get(key)
     warmup = lambda c: _sparse_mla_bulk_kernel.warmup(*args, grid=grid, num_warps=4, **c)  # noqa: E731
     if consts is None:
