@@ -25,7 +25,7 @@ wgmma products read; this kernel never writes one. One program = one split of on
 
 Where it serves (:func:`applies`, :func:`serves`; BENCHMARKS.md, twenty-eighth session): 16 heads, the fp8_ds_mla
 cache, sm_90, from batch 32, where it measured faster than :mod:`dsa.mla.kernel_sm90` (H200, topk 2048 of 32K, CUDA
-graphs: 11-29% less time at batch 32-256; batch 128 55.7-58.1 us in four runs, against the goal's 57.1). The fp32
+graphs: 10-29% less time at batch 32-256; batch 128 55.7-58.1 us in four runs, against the goal's 57.1). The fp32
 products differ from the other kernels only in the order of their sums (fp8 values and power-of-two scales convert
 exactly; P goes to the products in f16 instead of bf16).
 """
