@@ -3,7 +3,7 @@
 Why a third kernel: for 16 heads over the fp8 cache the time goes to getting the rows in and turning them into
 operands, not to the products. :mod:`dsa.mla.kernel_sm90` dequantises each tile into a bf16 buffer that its
 wgmma products read; this kernel never writes one. One program = one split of one query token's index list
-(16 heads), one CTA per SM (about 210 KiB of shared memory):
+(16 heads), one CTA per SM (about 182 KiB of shared memory):
 
 * Two loader partitions of 2 warps (:func:`_loader`) take alternate 64-row tiles and copy each 656-byte row
   whole with one ``cp.async.bulk`` into a ring of 4 stages; an invalid entry copies a zero row. The ring is
@@ -508,7 +508,7 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
                             o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, trace_ptr,
                             ltr_ptr, T, S, topk, split_len, sm_scale_log2, NSTAGES: gl.constexpr,
                             LWW: gl.constexpr, RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr,
-                            EMPTY_OFF: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, RED: gl.constexpr,
+                            EMPTY_OFF: gl.constexpr, RING_WORDS: gl.constexpr, RED: gl.constexpr,
                             RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
                             NSPLIT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                             SKIP: gl.constexpr, TRACE: gl.constexpr):
@@ -522,8 +522,7 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
         stop = gl.minimum(stop, gl.load(len_ptr + t64))
     n_tiles = gl.maximum(gl.cdiv(stop - start, BN), 0)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    b0 = gl.allocate_shared_memory(gl.int32, [P0], flat)  # the ring: two power-of-two buffers side by side
-    b1 = gl.allocate_shared_memory(gl.int32, [P1], flat)
+    ring = gl.allocate_shared_memory(gl.int32, [RING_WORDS], flat)  # (only ever addressed by its offset)
     full, empty = stage_barriers(NSTAGES, 128)  # (each math thread releases a stage)
     idx_row = idx_ptr + t64 * stride_it
     red = gl.allocate_shared_memory(gl.float32, [4, H, BN], RED)
@@ -536,21 +535,17 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, NSTAGES, RING_OFF, BAR_OFF, 1,
                    LWW, ltr_ptr, sid * T + t64, TRACE)),
     ], [LWW, LWW], [48, 48])
-    b0._keep_alive()  # (the copies write them by address: never let an unused buffer drop them)
-    b1._keep_alive()
+    ring._keep_alive()  # (the copies write it by address: never let the unused buffer drop it)
 
 
 # ------------------------------------------------------------------------------------------------------
 # host side
 # ------------------------------------------------------------------------------------------------------
-def ring_parts(stages: int = STAGES) -> dict:
-    """The ring as two power-of-two int32 buffers of 16K+ words each (the compiler's 16 KB scratch for the logits'
-    sum must not fit between them)."""
-    words = stages * BN.value * ROW.value // 4
-    p0 = 1 << (words.bit_length() - 1)
-    p1 = max(16384, 1 << (words - p0 - 1).bit_length())
-    assert p1 <= p0 and p0 + p1 >= words
-    return dict(P0=p0, P1=p1)
+def ring_words(stages: int = STAGES) -> dict:
+    """The ring's size, ``stages`` tiles of 64 rows of 656 bytes, as ``{"RING_WORDS": int32 words}``: one buffer
+    (a shape need not be a power of two when no tensor is loaded from it); :func:`offsets` takes the sizes of a
+    ring's buffers in such a dict."""
+    return dict(RING_WORDS=stages * BN.value * ROW.value // 4)
 
 
 def _layouts():
@@ -582,7 +577,7 @@ def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, t
     red, red_l, l4, out_l, idx_l = _layouts()
     return dict(NSTAGES=STAGES, LWW=LOADER_WARPS, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, RED=red, RED_L=red_l, L4=l4,
                 OUT_L=out_l, IDX_L=idx_l, NSPLIT=int(nsplit), HAS_LEN=bool(has_len), HAS_SINK=bool(has_sink),
-                SKIP=bool(skip), TRACE=bool(trace), **ring_parts())
+                SKIP=bool(skip), TRACE=bool(trace), **ring_words())
 
 
 def allocated(ttgir: str, capability: int = 90) -> str:
@@ -629,9 +624,9 @@ def resolve_offsets(consts: dict, compile_fn) -> dict:
     """Fill the shared offsets of ``consts`` (in place; also returned): ``compile_fn(consts)`` compiles the kernel
     (no launch) and returns it; its allocation gives the offsets, the kernel is compiled again with them, and they
     must not have moved (the code does not depend on them)."""
-    offs = offsets(compile_fn(consts).asm["ttgir"], ring_parts(), STAGES, True)
+    offs = offsets(compile_fn(consts).asm["ttgir"], ring_words(), STAGES, True)
     consts.update(RING_OFF=offs[0], BAR_OFF=offs[1], EMPTY_OFF=offs[2])
-    again = offsets(compile_fn(consts).asm["ttgir"], ring_parts(), STAGES, True)
+    again = offsets(compile_fn(consts).asm["ttgir"], ring_words(), STAGES, True)
     assert again == offs, f"the shared offsets moved: {offs} -> {again}"
     return consts
 
@@ -744,7 +739,7 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
         consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None), warmup)
         _CHECKED.add(spec)
     elif spec not in _CHECKED:
-        got = offsets(warmup(consts).asm["ttgir"], ring_parts(), STAGES, True)
+        got = offsets(warmup(consts).asm["ttgir"], ring_words(), STAGES, True)
         assert got == (consts["RING_OFF"], consts["BAR_OFF"], consts["EMPTY_OFF"]), f"the shared offsets moved: {got}"
         _CHECKED.add(spec)
     _sparse_mla_bulk_kernel[grid](*args, num_warps=4, **consts)
