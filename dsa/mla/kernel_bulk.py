@@ -14,9 +14,9 @@ wgmma products read; this kernel never writes one. One program = one split of on
   64 rope values). Every operand is read 16 bytes per lane from the ring and converted in registers
   (``cvt.rn.f16x2.e4m3x2``, exact) for ``mma.sync``: QK in f16 with q scaled per group by a power of two
   into f16's range and the row scale applied to the group's logits afterwards (exact for power-of-two scales),
-  the rope part in bf16; the four groups' partial logits summed through a swizzled shared buffer (one CTA
-  barrier); P.V with two rows' bytes paired per register (``prmt``), P times the row's group scale over the
-  tile's largest such scale in f16. Each thread releases the stage with its own mbarrier arrival.
+  the rope part in bf16; the four groups' partial logits summed through swizzled shared buffers (each warp sums a
+  quarter of the rows, and every warp reads all the sums back: two CTA barriers); P.V with two rows' bytes paired
+  per register (``prmt``), P times the row's group scale over the tile's largest such scale in f16. Each thread releases the stage with its own mbarrier arrival.
 * The tile's index entries are loaded a tile ahead, two per lane, and their validity reaches the softmax's
   layout as the 64 bits of two warp ballots (:func:`_valid_bits`).
 * The kernel finishes the call itself: at one split it writes the bf16 output, lse and max_logits; at more,
@@ -305,11 +305,13 @@ def _valid_bits(valid, rows, prow):
 
 
 @gluon.jit
-def _sum_logits(red, sp, valid, RED_L: gl.constexpr, p_l: gl.constexpr):
-    """The four groups' partial logits summed through shared memory (one barrier), invalid rows -inf."""
-    red.store(sp)
-    gl.thread_barrier()
-    lg = gl.convert_layout(gl.sum(gl.reshape(red.load(RED_L), [1, 4, H, BN]), axis=1), p_l)
+def _sum_logits(red, rsum, sp, valid, RED_L: gl.constexpr, p_l: gl.constexpr):
+    """The four groups' partial logits summed through shared memory, invalid rows -inf: the products store their
+    partials into ``red`` [4 groups, 16 heads, 64 rows], each warp sums a quarter of the rows (``RED_L``) into
+    ``rsum`` [1, 16, 64], and every warp reads all the sums back (``p_l``); two barriers."""
+    red.store(sp)  # (the compiler puts a CTA barrier before each read of what another warp stored)
+    rsum.store(gl.sum(red.load(RED_L), axis=0, keep_dims=True))
+    lg = rsum.load(p_l)
     return gl.where(gl.expand_dims(valid, 1), lg, float("-inf"))
 
 
@@ -335,10 +337,10 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 
 
 @gluon.jit
-def _tile(i, red, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv, zs,
+def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv, zs,
           acc, m_i, l_i, ms_prev, sm_scale_log2, tr, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
-          p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, NSTAGES: gl.constexpr, RING_OFF: gl.constexpr,
-          EMPTY_OFF: gl.constexpr, TRACE: gl.constexpr):
+          p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, NSTAGES: gl.constexpr,
+          RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, TRACE: gl.constexpr):
     """Tile ``i`` (``idx``: its index entries, two per lane at ``rows``; returns the next tile's). ``TRACE``: ``tr``
     (per-thread clock sums: the wait for the stage, QK and the logits' sum up to its barrier, the softmax and P.V
     up to the release, the rest up to the next tile; and the last clock read) gains this tile's."""
@@ -357,7 +359,7 @@ def _tile(i, red, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk
     sp = mma_v2(q16, kq, zs)
     sp = sp * gl.expand_dims(sc * qinv[:, None], 1)
     sp = mma_v2(qr, gl.convert_layout(_rope_operand(off_rope + base), b_l), sp)
-    lg = _sum_logits(red, sp, valid, RED_L, p_l)
+    lg = _sum_logits(red, rsum, sp, valid, RED_L, p_l)
     if TRACE:
         t2 = _clock(4)
     acc, m_i, l_i, ms_prev = _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma, a_l, b_l, L4)
@@ -370,11 +372,11 @@ def _tile(i, red, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk
 
 
 @gluon.jit
-def _math(red, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop,
+def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop,
           n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
           NSTAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, SKIP: gl.constexpr,
-          RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr, NSPLIT: gl.constexpr,
-          HAS_SINK: gl.constexpr, TRACE: gl.constexpr):
+          RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
+          NSPLIT: gl.constexpr, HAS_SINK: gl.constexpr, TRACE: gl.constexpr):
     """The 4 math warps (the default partition): warp ``g`` owns value group ``g``; per tile QK, the logits' sum,
     the online softmax, P.V, the stage's release; then the output (one split) or the partials and the merge by the
     last program (:func:`_finish`). ``SKIP``: the copies alone (each stage released unread; benchmarks)."""
@@ -436,10 +438,10 @@ def _math(red, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr
     z = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
     tr = (z, z, z, z, z)
     for i in range(n_tiles):
-        acc, m_i, l_i, ms_prev, idx, tr = _tile(i, red, idx, idx_row, start, stop, rows, prow, S, full, off_sc,
+        acc, m_i, l_i, ms_prev, idx, tr = _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc,
                                                 off_qk, off_rope, off_pv, q16, qr, qinv, zs, acc, m_i, l_i, ms_prev,
-                                                sm_scale_log2, tr, mma, a_l, b_l, p_l, L4, RED_L, NSTAGES, RING_OFF,
-                                                EMPTY_OFF, TRACE)
+                                                sm_scale_log2, tr, mma, a_l, b_l, p_l, L4, RED_L, NSTAGES,
+                                                RING_OFF, EMPTY_OFF, TRACE)
     if TRACE:  # [program, 4 sums, thread]
         th = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
         row = trace_ptr + (sid * T + t64) * (4 * 128) + th
@@ -509,7 +511,8 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
                             ltr_ptr, T, S, topk, split_len, sm_scale_log2, NSTAGES: gl.constexpr,
                             LWW: gl.constexpr, RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr,
                             EMPTY_OFF: gl.constexpr, RING_WORDS: gl.constexpr, RED: gl.constexpr,
-                            RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
+                            RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr,
+                            IDX_L: gl.constexpr,
                             NSPLIT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                             SKIP: gl.constexpr, TRACE: gl.constexpr):
     """Grid ``(NSPLIT, T)``: program (split ``sid``, token ``t``) walks entries ``[sid split_len, +split_len)`` of
@@ -525,11 +528,13 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
     ring = gl.allocate_shared_memory(gl.int32, [RING_WORDS], flat)  # (only ever addressed by its offset)
     full, empty = stage_barriers(NSTAGES, 128)  # (each math thread releases a stage)
     idx_row = idx_ptr + t64 * stride_it
-    red = gl.allocate_shared_memory(gl.float32, [4, H, BN], RED)
+    red = gl.allocate_shared_memory(gl.float32, [4, H, BN], RED)  # the partial logits
+    rsum = gl.allocate_shared_memory(gl.float32, [1, H, BN], RED)  # their sums
     gl.warp_specialize([
-        (_math, (red, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
+        (_math, (red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
                  stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr,
-                 trace_ptr, NSTAGES, RING_OFF, EMPTY_OFF, SKIP, RED_L, L4, OUT_L, IDX_L, NSPLIT, HAS_SINK, TRACE)),
+                 trace_ptr, NSTAGES, RING_OFF, EMPTY_OFF, SKIP, RED_L, L4, OUT_L, IDX_L, NSPLIT, HAS_SINK,
+                 TRACE)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, NSTAGES, RING_OFF, BAR_OFF, 0,
                    LWW, ltr_ptr, sid * T + t64, TRACE)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, NSTAGES, RING_OFF, BAR_OFF, 1,
@@ -549,16 +554,18 @@ def ring_words(stages: int = STAGES) -> dict:
 
 
 def _layouts():
-    """(the logits' shared buffer, how each math warp reads it, the [1, 4 groups, 16 heads, 64 rows] layout of
-    the softmax, the output's store, the tile's index entries two per lane)."""
+    """(the logits' shared buffer, how each math warp reads the partials of its quarter of the rows, the [1, 4
+    groups, 16 heads, 64 rows] layout of the softmax (which also reads the sums back), the output's store, the
+    tile's index entries two per lane)."""
     # each head's row of logits in 8-value pieces, piece j of head h at j ^ (h % 4): the 8-byte writes and reads of
-    # a quarter warp (4 heads x 4 pairs of values) fall on 32 distinct banks, with no padding
+    # 16 lanes (the products' stores and the sums' reads: 4 heads x 4 pairs of values; the quarter's partials: 2
+    # heads h, h + 2 x 8 pairs) fall on 32 distinct banks, with no padding
     red = gl.SwizzledSharedLayout(8, 1, 4, order=[2, 1, 0])
     ntile = [[0, 0, 8], [0, 0, 16], [0, 0, 32]]
     red_l = gl.DistributedLinearLayout(
-        reg_bases=[[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 8, 0]] + ntile,
-        lane_bases=[[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
-        warp_bases=[[0, 0, 0], [0, 0, 0]], block_bases=[], shape=[4, 16, 64])
+        reg_bases=[[0, 0, 1], [1, 0, 0], [2, 0, 0], [0, 4, 0], [0, 8, 0]],
+        lane_bases=[[0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 2, 0], [0, 1, 0]],
+        warp_bases=[[0, 0, 16], [0, 0, 32]], block_bases=[], shape=[4, 16, 64])
     l4 = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 0, 1], [0, 0, 8, 0]] + [[0] + t for t in ntile],
         lane_bases=[[0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
@@ -575,7 +582,8 @@ def _layouts():
 def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, trace: bool = False) -> dict:
     """The kernel's constexpr arguments, the shared offsets still 0 (:func:`resolve_offsets` fills them)."""
     red, red_l, l4, out_l, idx_l = _layouts()
-    return dict(NSTAGES=STAGES, LWW=LOADER_WARPS, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, RED=red, RED_L=red_l, L4=l4,
+    return dict(NSTAGES=STAGES, LWW=LOADER_WARPS, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, RED=red, RED_L=red_l,
+                L4=l4,
                 OUT_L=out_l, IDX_L=idx_l, NSPLIT=int(nsplit), HAS_LEN=bool(has_len), HAS_SINK=bool(has_sink),
                 SKIP=bool(skip), TRACE=bool(trace), **ring_words())
 
