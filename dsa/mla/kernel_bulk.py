@@ -16,7 +16,8 @@ wgmma products read; this kernel never writes one. One program = one split of on
   into f16's range and the row scale applied to the group's logits afterwards (exact for power-of-two scales),
   the rope part in bf16; the four groups' partial logits summed through swizzled shared buffers (each warp sums a
   quarter of the rows, and every warp reads all the sums back: two CTA barriers); P.V with two rows' bytes paired
-  per register (``prmt``), P times the row's group scale over the tile's largest such scale in f16. Each thread releases the stage with its own mbarrier arrival.
+  per register (``prmt``), P times the row's group scale over the tile's largest such scale in f16. Each thread
+  releases the stage with its own mbarrier arrival.
 * The tile's index entries are loaded a tile ahead, two per lane, and their validity reaches the softmax's
   layout as the 64 bits of two warp ballots (:func:`_valid_bits`).
 * The kernel finishes the call itself: at one split it writes the bf16 output, lse and max_logits; at more,
@@ -337,8 +338,8 @@ def _pv_step(lg, sc, base, off_pv, acc, m_i, l_i, ms_prev, sm_scale_log2, mma: g
 
 
 @gluon.jit
-def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk, off_rope, off_pv, q16, qr, qinv, zs,
-          acc, m_i, l_i, ms_prev, sm_scale_log2, tr, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
+def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, off_qk, off_rope, off_pv, q16, qr,
+          qinv, zs, acc, m_i, l_i, ms_prev, sm_scale_log2, tr, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
           p_l: gl.constexpr, L4: gl.constexpr, RED_L: gl.constexpr, NSTAGES: gl.constexpr,
           RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, TRACE: gl.constexpr):
     """Tile ``i`` (``idx``: its index entries, two per lane at ``rows``; returns the next tile's). ``TRACE``: ``tr``
@@ -372,8 +373,8 @@ def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, 
 
 
 @gluon.jit
-def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start, stop,
-          n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
+def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
+          stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
           NSTAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, SKIP: gl.constexpr,
           RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
           NSPLIT: gl.constexpr, HAS_SINK: gl.constexpr, TRACE: gl.constexpr):
@@ -531,9 +532,9 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
     red = gl.allocate_shared_memory(gl.float32, [4, H, BN], RED)  # the partial logits
     rsum = gl.allocate_shared_memory(gl.float32, [1, H, BN], RED)  # their sums
     gl.warp_specialize([
-        (_math, (red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
-                 stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr,
-                 trace_ptr, NSTAGES, RING_OFF, EMPTY_OFF, SKIP, RED_L, L4, OUT_L, IDX_L, NSPLIT, HAS_SINK,
+        (_math, (red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T,
+                 start, stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr,
+                 sink_ptr, trace_ptr, NSTAGES, RING_OFF, EMPTY_OFF, SKIP, RED_L, L4, OUT_L, IDX_L, NSPLIT, HAS_SINK,
                  TRACE)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, NSTAGES, RING_OFF, BAR_OFF, 0,
                    LWW, ltr_ptr, sid * T + t64, TRACE)),
