@@ -1,8 +1,18 @@
-"""The per-row end of the online softmax, shared by both sparse-MLA kernels (Triton and Gluon)."""
+"""The per-row end of the online softmax, shared by the sparse-MLA kernels (Triton and Gluon), and the outputs
+they all return."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def outputs(T: int, h_q: int, d_v: int, device, out: torch.Tensor | None = None):
+    """``(out [T, h_q, d_v] bf16, max_logits [T, h_q] f32, lse [T, h_q] f32)``, uninitialised (``out`` as given)."""
+    if out is None:
+        out = torch.empty(T, h_q, d_v, dtype=torch.bfloat16, device=device)
+    return (out, torch.empty(T, h_q, dtype=torch.float32, device=device),
+            torch.empty(T, h_q, dtype=torch.float32, device=device))
 
 
 @triton.jit

@@ -56,7 +56,7 @@ from .._host import cdiv, next_power_of_2
 from .. import backend
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
-from .epilogue import merge_weights, row_stats
+from .epilogue import merge_weights, outputs, row_stats
 from .order import DEFAULT_BUCKETS, MAX_ORDER_TOPK, order_indices
 
 try:  # the Hopper kernels are written in Gluon (Triton >= 3.5); without it every call takes the Triton kernel
@@ -446,10 +446,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
         if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
             return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
-    if out is None:
-        out = torch.empty(T, h_q, d_v, dtype=torch.bfloat16, device=dev)
-    max_logits = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    out, max_logits, lse = outputs(T, h_q, d_v, dev, out)
     if T == 0:
         return out, max_logits, lse
     if is_fp8:

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from ..constants import D_QK, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_ROW_BYTES, FP8_DS_MLA_SCALE_OFFSET
-from .epilogue import row_stats
+from .epilogue import outputs, row_stats
 
 BN = gl.constexpr(64)  # rows per tile
 H = gl.constexpr(16)  # heads
@@ -716,10 +716,7 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
     T, h_q, _ = q.shape
     S, topk = kv.shape[0], indices.shape[1]
     dev = q.device
-    if out is None:
-        out = torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=dev)
-    ml = torch.empty(T, h_q, dtype=torch.float32, device=dev)
-    lse = torch.empty(T, h_q, dtype=torch.float32, device=dev)
+    out, ml, lse = outputs(T, h_q, D_V, dev, out)
     if T == 0:
         return out, ml, lse
     ns, split_len = split_plan(T, topk, num_splits, torch.cuda.get_device_properties(dev).multi_processor_count)
