@@ -57,12 +57,17 @@ def test_bulk_kernel_compiles_for_sm90():
     assert "HMMA.16816.F32" not in c["copies"], c["copies"]  # SKIP: the copies alone
 
 
-def test_bulk_host_rules():
+def test_bulk_host_rules(monkeypatch):
     """Where the kernel applies and serves, and its split count (one CTA per SM)."""
     q = torch.zeros(64, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(100, 656, dtype=torch.uint8)
     idx = torch.zeros(64, 2048, dtype=torch.int32)
     assert not KB.applies(q, kv, idx, None)  # not on a Hopper GPU (or under the interpreter)
+    with monkeypatch.context() as m:  # on one, a flat view whose rows are not 656 bytes apart is not served
+        m.setattr("dsa.backend.on_hopper", lambda dev: True)
+        assert KB.applies(q, kv, idx, None) and KB.applies(q, kv, idx, torch.zeros(64, 16, 512))
+        assert not KB.applies(q, torch.zeros(100, 700, dtype=torch.uint8)[:, :656], idx, None)
+        assert not KB.applies(q, torch.zeros(100, 576, dtype=torch.bfloat16), idx, None)
     assert not KB.serves(KB.MIN_T - 1, 2048) and KB.serves(KB.MIN_T, 2048) and KB.serves(256, 2048)
     assert [KB.num_splits_for(T, 2048, 132) for T in (1, 32, 64, 66, 67, 128, 256)] == [32, 4, 2, 2, 1, 1, 1]
     assert KB.num_splits_for(1, 100, 132) == 2  # at most one program per 64-entry tile

@@ -693,12 +693,15 @@ def specialisation(args) -> tuple:
 
 def applies(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, out: torch.Tensor | None) -> bool:
     """Whether :func:`sparse_mla_bulk` can serve the call: 16 heads, the fp8_ds_mla cache (``kv`` the flat
-    ``[S, 656]`` uint8 view, 16-byte aligned: one bulk copy per row), an NVIDIA Hopper GPU without the
-    interpreter, q's and ``out``'s (if given) last dimension and the index rows contiguous, at most 65535 tokens."""
+    ``[S, 656]`` uint8 view, rows contiguous and 16-byte aligned: one bulk copy per row), an NVIDIA Hopper GPU
+    without the interpreter, q's and ``out``'s (if given) last dimension and the index rows contiguous, at most
+    65535 tokens."""
     from ..backend import on_hopper
 
     T, h_q, d = q.shape
     if h_q != 16 or d != D_QK or kv.dtype != torch.uint8 or kv.dim() != 2 or kv.shape[1] != ROW.value:
+        return False
+    if kv.stride() != (ROW.value, 1):  # (the copies take row i at kv + 656 i)
         return False
     if not on_hopper(q.device) or T > _MAX_T or kv.data_ptr() % 16 or q.stride(2) != 1 or indices.stride(1) != 1:
         return False
