@@ -3,7 +3,7 @@
 Why a third kernel: for 16 heads over the fp8 cache the time goes to getting the rows in and turning them into
 operands, not to the products. :mod:`dsa.mla.kernel_sm90` dequantises each tile into a bf16 buffer that its
 wgmma products read; this kernel never writes one. One program = one split of one query token's index list
-(16 heads), one CTA per SM (about 182 KiB of shared memory):
+(16 heads), one CTA per SM (186 KiB of shared memory: the ring 164 KiB, the logits' two buffers 20 KiB):
 
 * Two loader partitions of 2 warps (:func:`_loader`) take alternate 64-row tiles and copy each 656-byte row
   whole with one ``cp.async.bulk`` into a ring of 4 stages; an invalid entry copies a zero row. The ring is
@@ -26,9 +26,9 @@ wgmma products read; this kernel never writes one. One program = one split of on
 
 Where it serves (:func:`applies`, :func:`serves`; BENCHMARKS.md, twenty-eighth session): 16 heads, the fp8_ds_mla
 cache, sm_90, from batch 32, where it measured faster than :mod:`dsa.mla.kernel_sm90` (H200, topk 2048 of 32K, CUDA
-graphs: 10-29% less time at batch 32-256; batch 128 55.7-58.1 us in four runs, against the goal's 57.1). The fp32
-products differ from the other kernels only in the order of their sums (fp8 values and power-of-two scales convert
-exactly; P goes to the products in f16 instead of bf16).
+graphs: 10-29% less time at batch 32-256; batch 128 53.5-58.1 us in the runs of the twenty-eighth to thirtieth
+sessions, against the goal's 57.1). The fp32 products differ from the other kernels only in the order of their sums
+(fp8 values and power-of-two scales convert exactly; P goes to the products in f16 instead of bf16).
 """
 from __future__ import annotations
 
