@@ -43,6 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from ..backend import num_sms
 from ..constants import D_QK, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_ROW_BYTES, FP8_DS_MLA_SCALE_OFFSET
 from .epilogue import outputs, row_stats
 
@@ -722,7 +723,7 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
     out, ml, lse = outputs(T, h_q, D_V, dev, out)
     if T == 0:
         return out, ml, lse
-    ns, split_len = split_plan(T, topk, num_splits, torch.cuda.get_device_properties(dev).multi_processor_count)
+    ns, split_len = split_plan(T, topk, num_splits, num_sms(dev))
     if ns > 1:
         o_part = torch.empty(ns, T, h_q, D_V, dtype=torch.float32, device=dev)
         lse_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
