@@ -8,32 +8,22 @@ anything (BENCHMARKS.md, twenty-fifth session). Here, on any machine: the correc
 ``bench_mla_bulk.py``, and what the walks' compiled sm_90a code must hold for the numbers recorded for them to stand:
 the ring's buffers side by side at the offsets the copies use (``bulk_gather.offsets`` asserts it), the bulk copies
 present, no spills."""
-import os
 import sys
 
 import torch
 
-from utils import compiled_in_subprocess
-
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+from utils import BENCHMARKS, compiled_in_subprocess
 
 _COMPILE = r"""
-import contextlib, io, json, sys
-sys.path.insert(0, sys.argv[1])
-import bulk_gather as G
-
-PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "ATOMG")
-out = {}
-with contextlib.redirect_stdout(io.StringIO()):
-    for name, args in (("walk fp8", (656, 4, 1, 4, 1)), ("walk bf16", (1152, 3, 1))):
-        k = G.compile_only(*args)
-        out[name] = dict(G.sass_counts(k, PRE), bulk_ptx=k.asm["ptx"].count("cp.async.bulk.shared"))
-print(json.dumps(out))
+for name, args in (("walk fp8", (656, 4, 1, 4, 1)), ("walk bf16", (1152, 3, 1))):
+    k = G.compile_only(*args)
+    out[name] = dict(G.sass_counts(k, PRE), bulk_ptx=k.asm["ptx"].count("cp.async.bulk.shared"))
 """
+_PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "ATOMG")
 
 
 def test_prototypes_compile_for_sm90():
-    c = compiled_in_subprocess(_COMPILE, _BENCH)
+    c = compiled_in_subprocess(_COMPILE, _PRE)
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
     for name in ("walk fp8", "walk bf16"):
@@ -44,7 +34,7 @@ def test_prototypes_compile_for_sm90():
 def test_poisoned_case():
     """The prototypes' correctness case: 5% of the entries invalid (-1 or past the cache), token 1 without a valid
     entry, every row no entry uses poisoned (NaN / 0xFF bytes) and every used row untouched."""
-    sys.path.insert(0, _BENCH)
+    sys.path.insert(0, BENCHMARKS)
     from bulk_gather import poisoned_case
 
     from dsa.bench import mla_inputs

@@ -6,8 +6,6 @@ the index validity by ballots) and its host-side rules. On a Hopper GPU: the ker
 invalid entries scattered through the rows, NaN in every unused cache slot, rows with no valid entry,
 ``topk_length``, sink, 1-4 splits, poisoned and padded outputs, a strided q, reruns (bitwise equal), the default
 dispatch, and a CUDA-graph replay."""
-import os
-
 import pytest
 import torch
 
@@ -19,27 +17,19 @@ from dsa.mla.kernel import sparse_mla_triton
 from test_mla import assert_matches, make_case, max_abs_v
 from utils import compiled_in_subprocess, poison_, record_launches, skip_unless_hopper
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-
 _COMPILE = r"""
-import contextlib, io, json, sys
-sys.path.insert(0, sys.argv[1])
-import bulk_gather as G
 import bench_mla_bulk as B
 
-PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "VOTE")
-out = {}
-with contextlib.redirect_stdout(io.StringIO()):
-    for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("len sink", (2, True, True)),
-                       ("len sink 1 split", (1, True, True)), ("copies", (1, False, False, True)),
-                       ("trace", (2, False, False, False, True))):
-        out[name] = G.sass_counts(B.compile_only(*args), PRE)
-print(json.dumps(out))
+for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("len sink", (2, True, True)),
+                   ("len sink 1 split", (1, True, True)), ("copies", (1, False, False, True)),
+                   ("trace", (2, False, False, False, True))):
+    out[name] = G.sass_counts(B.compile_only(*args), PRE)
 """
+_PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "VOTE")
 
 
 def test_bulk_kernel_compiles_for_sm90():
-    c = compiled_in_subprocess(_COMPILE, _BENCH)
+    c = compiled_in_subprocess(_COMPILE, _PRE)
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
         assert "STL" not in counts and "LDL" not in counts, (name, counts)  # no spills

@@ -1,6 +1,8 @@
 """Shared helpers for the tests: random ragged workloads, poisoning, comparisons."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 ON_GPU = torch.cuda.is_available()
@@ -74,16 +76,23 @@ def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
-def compiled_in_subprocess(script: str, *args: str, timeout: int = 900):
-    """Run ``script`` (``python -c``, with ``args``) without the Triton interpreter, which cannot compile Gluon
-    for sm_90a, and return the JSON its last output line holds."""
+#: the benchmark scripts (the bulk-copy prototypes and their compile helpers live there)
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def compiled_in_subprocess(body: str, prefixes: tuple, timeout: int = 900) -> dict:
+    """Run ``body`` in a fresh Python without the Triton interpreter, which cannot compile Gluon for sm_90a: with
+    ``benchmarks/`` importable, ``bulk_gather`` as ``G``, ``PRE`` = ``prefixes`` and its printing silenced, it fills
+    ``out[name]`` (e.g. with ``G.sass_counts(kernel, PRE)``). Returns ``out``."""
     import json
-    import os
     import subprocess
     import sys
+    import textwrap
 
+    script = (f"import contextlib, io, json, sys\nsys.path.insert(0, {BENCHMARKS!r})\nimport bulk_gather as G\n"
+              f"PRE = {tuple(prefixes)!r}\nout = {{}}\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+              + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\nprint(json.dumps(out))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
