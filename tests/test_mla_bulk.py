@@ -20,7 +20,8 @@ from utils import compiled_in_subprocess, poison_, record_launches, skip_unless_
 _COMPILE = r"""
 import bench_mla_bulk as B
 
-for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("len sink", (2, True, True)),
+for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("3 splits", (3, )),
+                   ("len sink", (2, True, True)),
                    ("len sink 1 split", (1, True, True)), ("copies", (1, False, False, True)),
                    ("trace", (2, False, False, False, True))):
     out[name] = G.sass_counts(B.compile_only(*args), PRE)
@@ -44,6 +45,9 @@ def test_bulk_kernel_compiles_for_sm90():
     assert one["VOTE.ANY"] == 2, one
     # more splits: fp32 partials in 16-byte stores, the last program's merge in 16-byte loads
     assert c["4 splits"]["STG.E.128"] == 16 and c["4 splits"]["LDG.E.128"] == 64, c["4 splits"]
+    # the merge pads the splits' lse to a power of two (the padding's loads masked off at compile time) and loads
+    # each partial value once: 16 heads x 512 / 128 threads / 4 per load, per split
+    assert c["3 splits"]["LDG.E.128"] == 48, c["3 splits"]
     assert "HMMA.16816.F32" not in c["copies"], c["copies"]  # SKIP: the copies alone
 
 

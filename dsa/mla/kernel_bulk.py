@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from ..backend import num_sms
 from ..constants import D_QK, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_ROW_BYTES, FP8_DS_MLA_SCALE_OFFSET
-from .epilogue import outputs, row_stats
+from .epilogue import merge_weights, outputs, row_stats
 
 BN = gl.constexpr(64)  # rows per tile
 H = gl.constexpr(16)  # heads
@@ -53,7 +53,6 @@ ROW = gl.constexpr(FP8_DS_MLA_ROW_BYTES)  # 656
 SCALES = gl.constexpr(FP8_DS_MLA_SCALE_OFFSET)  # 512
 ROPE = gl.constexpr(FP8_DS_MLA_ROPE_OFFSET)  # 528
 LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = gl.constexpr(1.4426950408889634)
 #: the ring's stages (64 rows each) and the warps of each of the two loader partitions
 STAGES = 4
 LOADER_WARPS = 2
@@ -474,37 +473,36 @@ def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, l
 def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, T, t64,
             NSPLIT: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr):
     """The split merge inside the kernel: each program counts itself done on the token's counter (after its
-    partials are stored); the last of the ``NSPLIT`` merges them all (as ``_sparse_mla_combine_kernel``; the sink
-    only in the denominator) into the final ``out`` bf16, natural-log lse (+inf for a row with no valid entry) and
-    max_logits."""
+    partials are stored); the last of the ``NSPLIT`` merges them all with :func:`~dsa.mla.epilogue.merge_weights`
+    (the arithmetic of ``_sparse_mla_combine_kernel``; the sink only in the denominator) into the final ``out``
+    bf16, natural-log lse (+inf for a row with no valid entry) and max_logits. The splits' lse are padded to a power
+    of two with ``-inf``; the partials stream in split by split into one ``[16, 512]`` accumulator."""
     gl.thread_barrier()  # every warp's partials are stored before the count
     done = gl.atomic_add(cnt_ptr + t64, 1, sem="acq_rel", scope="gpu")
     if done == NSPLIT - 1:
-        LM: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [16 heads, 512]
-        hh = gl.arange(0, H, gl.SliceLayout(1, LM))
-        cc = gl.arange(0, 512, gl.SliceLayout(0, LM))
-        m = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, LM))
-        mx = gl.full([H], float("-inf"), gl.float32, gl.SliceLayout(1, LM))
+        NS: gl.constexpr = triton.next_power_of_2(NSPLIT)
+        l3: gl.constexpr = gl.BlockedLayout([NS, 1, 4], [1, 1, 32], [1, 4, 1], [2, 1, 0])  # [NS, 16 heads, 512]
+        sh_l: gl.constexpr = gl.SliceLayout(2, l3)  # [NS, 16]: every split's lse of a head in one thread
+        o_l: gl.constexpr = gl.SliceLayout(0, l3)  # [16, 512]
+        ss = gl.arange(0, NS, gl.SliceLayout(1, sh_l))
+        hh = gl.arange(0, H, gl.SliceLayout(0, sh_l))
+        part = (ss[:, None].to(gl.int64) * T + t64) * H + hh[None, :]
+        pmask = (ss < NSPLIT)[:, None] & (hh < H)[None, :]
+        w_s, m_use, inv, lse, empty = merge_weights(gl.load(lse_ptr + part, mask=pmask, other=float("-inf")),
+                                                    sink_ptr, hh, hh < H, HAS_SINK)
+        ml = gl.max(gl.load(ml_ptr + part, mask=pmask, other=float("-inf")), 0)
+        # the partials stream in split by split (every load before the first store: the stores could alias them)
+        ho = gl.arange(0, H, gl.SliceLayout(1, o_l))
+        cc = gl.arange(0, 512, gl.SliceLayout(0, o_l))
+        acc = gl.zeros([H, 512], gl.float32, o_l)
         for sp in gl.static_range(NSPLIT):
-            m = gl.maximum(m, gl.load(lse_ptr + (sp * T + t64) * H + hh))
-            mx = gl.maximum(mx, gl.load(ml_ptr + (sp * T + t64) * H + hh))
-        empty = m == float("-inf")
-        m_use = gl.where(empty, 0.0, m)
-        acc = gl.zeros([H, 512], gl.float32, LM)
-        sumw = gl.zeros([H], gl.float32, gl.SliceLayout(1, LM))
-        for sp in gl.static_range(NSPLIT):
-            w = gl.exp2(gl.load(lse_ptr + (sp * T + t64) * H + hh) - m_use)
-            sumw += w
-            acc += w[:, None] * gl.load(o_ptr + ((sp * T + t64) * H + hh)[:, None] * 512 + cc[None, :])
-        denom = sumw
-        if HAS_SINK:
-            denom += gl.exp2(gl.where(empty, float("-inf"), gl.load(sink_ptr + hh) * LOG2E - m_use))
-        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, denom))
-        gl.store(out_ptr + t64 * stride_ot + hh[:, None].to(gl.int64) * stride_oh + cc[None, :],
-                 (acc * inv[:, None]).to(gl.bfloat16))
-        gl.store(fl_ptr + t64 * H + hh, gl.where(empty, float("inf"), (m_use + gl.log2(gl.where(empty, 1.0, sumw)))
-                                            * LN2))
-        gl.store(fm_ptr + t64 * H + hh, gl.where(empty, float("-inf"), mx * LN2))
+            w = gl.convert_layout(gl.sum(gl.where((ss == sp)[:, None], w_s, 0.0), 0), gl.SliceLayout(1, o_l))
+            acc += w[:, None] * gl.load(o_ptr + ((sp * T + t64) * H + ho)[:, None] * 512 + cc[None, :])
+        inv_o = gl.convert_layout(inv, gl.SliceLayout(1, o_l))
+        gl.store(out_ptr + t64 * stride_ot + ho[:, None].to(gl.int64) * stride_oh + cc[None, :],
+                 (acc * inv_o[:, None]).to(gl.bfloat16))
+        gl.store(fl_ptr + t64 * H + hh, lse)
+        gl.store(fm_ptr + t64 * H + hh, gl.where(empty, float("-inf"), ml * LN2))
 
 
 @gluon.jit
