@@ -4,8 +4,8 @@ Its Gluon kernel cannot run under the CPU interpreter. Here on any machine: what
 (the ring at the offset the copies use, no spills, every operand converted in registers,
 the index validity by ballots) and its host-side rules. On a Hopper GPU: the kernel against the reference with
 invalid entries scattered through the rows, NaN in every unused cache slot, rows with no valid entry,
-``topk_length``, sink, 1-4 splits, poisoned and padded outputs, a strided q, reruns (bitwise equal), the default
-dispatch, and a CUDA-graph replay."""
+``topk_length``, sink, 1-4 and 32 splits (3 merged as 4, one padding split), poisoned and padded outputs, a
+strided q, reruns (bitwise equal), the default dispatch, and a CUDA-graph replay."""
 import pytest
 import torch
 
