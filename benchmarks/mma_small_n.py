@@ -3,12 +3,21 @@
 
 Each CTA (one warpgroup, one per SM, 132 CTAs) repeats one tile's product ``iters`` times, waiting for it each time as
 the kernel does, and reads the SM clock (``%clock64``) before and after. Printed per product and N: SM clocks per
-wgmma instruction (m64nNk16; median over the CTAs), what the tensor cores' peak would allow (2048 bf16
-multiply-adds per clock per SM, H100/H200 SXM: 989 TFLOP/s at 1.83 GHz), and the rate over all SMs by ``do_bench``.
+wgmma instruction (m64nNk16, fp8 m64nNk32; median over the CTAs), what the tensor cores' peak would allow (2048 bf16
+or 4096 e4m3 multiply-adds per clock per SM, H100/H200 SXM: 989 TFLOP/s bf16 at 1.83 GHz), and the rate over all SMs
+by ``do_bench``.
 
 * ``qk``: S^T [64 rows, N] = K [64, 576] (shared memory, K-major) x q^T (q [N, 576] in shared memory), one tile's QK.
 * ``pv``: O^T [512, N] += V^T (the [64 rows, 512] tile read transposed) x P^T [64, N], one tile's P.V.
 * ``qk_rs``: as ``qk`` but K's values in registers (loaded once; wgmma's A operand from registers), 512 of the 576.
+* ``qk8``: as ``qk_rs`` with K's 512 values as fp8 e4m3 in registers and q as two fp8 terms (hi + lo, an exact split
+  of a bf16 q scaled by a power of two) in shared memory: two m64nNk32 fp8 wgmmas per 32 values.
+* ``pv8``: O^T [512, N] += V^T (fp8 in registers) x P^T (two fp8 terms in shared memory): two per 32 rows.
+
+``--precision`` (GPU): how exact the fp8 products with a two-term q are, against float64 on the same values. Measured
+(BENCHMARKS.md, thirty-second session): an fp8 wgmma costs the clocks of a bf16 one with half its K, but its sums are
+not exact (up to 1.8e-3 of max |S| chained, 3.4e-4 with every wgmma's result added in fp32), so the sparse MLA
+logits, which must match the reference to ``lse`` rtol 2/65536, cannot take fp8 products with a split q.
 
 Run on the GPU: ``python benchmarks/mma_small_n.py [ITERS]``.
 """
@@ -51,6 +60,19 @@ def _mma_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, MODE: gl
         _fill(a_smem, a_ptr, 64, 512, 512, 0)
         _fill(b_smem, b_ptr, 64, N, N, 0)
         acc = gl.zeros([512, N], gl.float32, acc_l)
+    elif MODE >= 3:  # fp8: qk8 (A = K [64, 512]), pv8 (A = V^T [512, 64]); B's two terms [2 N, K]
+        sh8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if MODE == 3 else 64, element_bitwidth=8,
+                                                 rank=2)
+        acc8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+        AM: gl.constexpr = 64 if MODE == 3 else 512
+        AK: gl.constexpr = 512 if MODE == 3 else 64
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [AM, AK], sh8)
+        bh_smem = gl.allocate_shared_memory(gl.float8e4nv, [N, AK], sh8)
+        bl_smem = gl.allocate_shared_memory(gl.float8e4nv, [N, AK], sh8)
+        _fill(a_smem, a_ptr, AM, AK, AK, 0)
+        _fill(bh_smem, b_ptr, N, AK, AK, 0)
+        _fill(bl_smem, b_ptr + N * AK, N, AK, AK, 0)
+        acc = gl.zeros([AM, N], gl.float32, acc8)
     else:  # qk (the rope part then the values, as the kernel), qk_rs (the values only)
         a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 512], sh)
         b_smem = gl.allocate_shared_memory(gl.bfloat16, [N, 512], sh)
@@ -65,6 +87,8 @@ def _mma_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, MODE: gl
     gl.thread_barrier()
     if MODE == 2:
         a_reg = a_smem.load(gl.DotOperandLayout(0, acc_l, 2))
+    if MODE >= 3:
+        a_reg = a_smem.load(gl.DotOperandLayout(0, acc8, 4))
     t0 = _clk()
     for _ in range(iters):
         if MODE == 0:
@@ -72,8 +96,11 @@ def _mma_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, MODE: gl
             acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), acc, is_async=True)
         elif MODE == 1:
             acc = warpgroup_mma(a_smem.permute((1, 0)), b_smem, acc, is_async=True)
-        else:
+        elif MODE == 2:
             acc = warpgroup_mma(a_reg, b_smem.permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(a_reg, bh_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(a_reg, bl_smem.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     t1 = _clk()
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -86,7 +113,101 @@ def _mma_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, MODE: gl
 
 #: product: mode id, wgmma instructions per product, the N measured (P.V's accumulator of 512 x N spills past N 32,
 #: K's 512 values in registers past N 64)
-MODES = {"qk": (0, 36, (16, 32, 64, 128)), "pv": (1, 32, (16, 32)), "qk_rs": (2, 32, (16, 32, 64))}
+MODES = {"qk": (0, 36, (16, 32, 64, 128)), "pv": (1, 32, (16, 32)), "qk_rs": (2, 32, (16, 32, 64)),
+         "qk8": (3, 32, (16, 32, 64)), "pv8": (4, 32, (16, 32))}
+FP8_PEAK_MAC_PER_CLK = 4096  # e4m3 dense, per SM
+
+
+@gluon.jit
+def _prec_kernel(a_ptr, b_ptr, out_ptr, N: gl.constexpr, K: gl.constexpr, TERMS: gl.constexpr):
+    """out [64, N] = A [64, K] (fp8, registers) x (B_hi + B_lo)^T (B [2 N, K] fp8, shared memory; TERMS 1: B_hi only),
+    every wgmma into one fp32 accumulator, in the order the kernel would issue them (per 32 values: hi, then lo);
+    TERMS 3: both terms, each wgmma into a zero accumulator and the results summed in fp32."""
+    sh8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if K >= 128 else K, element_bitwidth=8, rank=2)
+    acc8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+    a_smem = gl.allocate_shared_memory(gl.float8e4nv, [64, K], sh8)
+    bh_smem = gl.allocate_shared_memory(gl.float8e4nv, [N, K], sh8)
+    bl_smem = gl.allocate_shared_memory(gl.float8e4nv, [N, K], sh8)
+    _fill(a_smem, a_ptr, 64, K, K, 0)
+    _fill(bh_smem, b_ptr, N, K, K, 0)
+    _fill(bl_smem, b_ptr + N * K, N, K, K, 0)
+    fence_async_shared()
+    gl.thread_barrier()
+    acc = gl.zeros([64, N], gl.float32, acc8)
+    zero = gl.zeros([64, N], gl.float32, acc8)
+    for k in gl.static_range(K // 32):
+        a_k = a_smem.slice(32 * k, 32, dim=1).load(gl.DotOperandLayout(0, acc8, 4))
+        if TERMS == 3:  # each wgmma into a zero accumulator, the sums in fp32 on the CUDA cores
+            acc += warpgroup_mma(a_k, bh_smem.slice(32 * k, 32, dim=1).permute((1, 0)), zero, use_acc=False)
+            acc += warpgroup_mma(a_k, bl_smem.slice(32 * k, 32, dim=1).permute((1, 0)), zero, use_acc=False)
+        else:
+            acc = warpgroup_mma(a_k, bh_smem.slice(32 * k, 32, dim=1).permute((1, 0)), acc)
+            if TERMS == 2:
+                acc = warpgroup_mma(a_k, bl_smem.slice(32 * k, 32, dim=1).permute((1, 0)), acc)
+    lay: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
+    r = gl.arange(0, 64, gl.SliceLayout(1, lay))
+    c = gl.arange(0, N, gl.SliceLayout(0, lay))
+    gl.store(out_ptr + r[:, None] * N + c[None, :], gl.convert_layout(acc, lay))
+
+
+def split_fp8(x: torch.Tensor):
+    """A bf16 ``[N, K]`` as ``(hi, lo, scale)``: ``x · scale == hi + lo`` exactly (fp8 e4m3 terms, ``scale`` a power of
+    two per row bringing the row's largest |x| into [128, 256)) except where |x · scale| < 1/4 (lo then rounds to
+    e4m3's subnormal step, 2^-9)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    scale = torch.exp2(7 - torch.floor(torch.log2(amax)))
+    xs = xf * scale
+    hi = xs.to(torch.float8_e4m3fn)
+    lo = (xs - hi.float()).to(torch.float8_e4m3fn)
+    return hi, lo, scale
+
+
+def precision() -> None:
+    """Relative error of the fp8 two-term products against float64, beside bf16-exact references: each printed
+    number is max |err| / max |exact| over a [64, N] product."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    print("| N | K | K's values | terms | max err / max |S| | max err against exact arithmetic on the same fp8 terms |")
+    print("|---|---|---|---|---|---|")
+    for n in (16, 32):
+        for k in (128, 512):
+            for kind in ("normal", "wide"):
+                a = torch.randn(64, k, device=dev, generator=g) * (64 if kind == "normal" else 1)
+                if kind == "wide":
+                    a = a * torch.exp2(torch.randint(-8, 8, (64, k), device=dev, generator=g).float())
+                a8 = a.clamp(-448, 448).to(torch.float8_e4m3fn)
+                q = torch.randn(n, k, device=dev, generator=g).to(torch.bfloat16)
+                if kind == "wide":
+                    q = (q.float() * torch.exp2(torch.randint(-6, 6, (n, k), device=dev, generator=g).float())
+                         ).to(torch.bfloat16)
+                hi, lo, scale = split_fp8(q)
+                exact = a8.double() @ q.double().t()
+                for terms in (1, 2, 3):
+                    host = (a8.double() @ (hi.double() + (lo.double() if terms > 1 else 0)).t()) / scale.double().t()
+                    out = torch.empty(64, n, device=dev, dtype=torch.float32)
+                    _prec_kernel[(1, )](a8, torch.cat([hi, lo]).contiguous(), out, n, k, terms, num_warps=4)
+                    got = out.double() / scale.double().t()
+                    err = ((got - exact).abs().max() / exact.abs().max()).item()
+                    herr = ((got - host).abs().max() / exact.abs().max()).item()
+                    print(f"| {n} | {k} | {kind} | {terms} | {err:.2e} | {herr:.2e} |")
+    print("\nP.V: A = 64 value columns x K rows (fp8), B = P^T (softmax weights of random logits, two fp8 terms). "
+          "Error / (max |v| · Σ P), the measure of the out tolerance (2^-7):")
+    print("| N | K (rows) | terms | max err / (max |v| Σ P) |")
+    print("|---|---|---|---|")
+    for n in (16, 32):
+        for k in (64, 1024):
+            v8 = (torch.randn(64, k, device=dev, generator=g) * 64).to(torch.float8_e4m3fn)
+            logits = torch.randn(n, k, device=dev, generator=g) * 3
+            p = torch.exp(logits - logits.amax(dim=1, keepdim=True))
+            hi, lo, scale = split_fp8(p)
+            exact = v8.double() @ p.double().t()
+            norm = v8.double().abs().max() * p.double().sum(dim=1)[None, :]
+            for terms in (2, 3):
+                out = torch.empty(64, n, device=dev, dtype=torch.float32)
+                _prec_kernel[(1, )](v8, torch.cat([hi, lo]).contiguous(), out, n, k, terms, num_warps=4)
+                err = ((out.double() / scale.double().t() - exact).abs() / norm).max().item()
+                print(f"| {n} | {k} | {terms} | {err:.2e} |")
 
 
 def main(iters: int = 2000) -> None:
@@ -95,8 +216,13 @@ def main(iters: int = 2000) -> None:
     rows = []
     for name, (mode, n_instr, ns) in MODES.items():
         for n in ns:
-            a = torch.randn(64, 512 if mode == 1 else 576, device=dev).to(torch.bfloat16)
-            b = torch.randn(64 if mode == 1 else n, n if mode == 1 else 576, device=dev).to(torch.bfloat16)
+            if mode >= 3:
+                am, ak = (64, 512) if mode == 3 else (512, 64)
+                a = torch.randn(am, ak, device=dev).to(torch.float8_e4m3fn)
+                b = torch.randn(2 * n, ak, device=dev).to(torch.float8_e4m3fn)
+            else:
+                a = torch.randn(64, 512 if mode == 1 else 576, device=dev).to(torch.bfloat16)
+                b = torch.randn(64 if mode == 1 else n, n if mode == 1 else 576, device=dev).to(torch.bfloat16)
             clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
             out = torch.empty(sms, dtype=torch.float32, device=dev)
 
@@ -109,10 +235,11 @@ def main(iters: int = 2000) -> None:
             if clk[:, 1].unique().numel() != sms:
                 print(f"(N {n}: the CTAs ran on {clk[:, 1].unique().numel()} SMs, not {sms})")
             per_instr = clk[:, 0].float().median().item() / (iters * n_instr)
-            ideal = 64 * n * 16 / PEAK_MAC_PER_CLK
-            tflops = 2 * 64 * n * 16 * n_instr * iters * sms / ms / 1e9
+            kk = 32 if mode >= 3 else 16
+            ideal = 64 * n * kk / (FP8_PEAK_MAC_PER_CLK if mode >= 3 else PEAK_MAC_PER_CLK)
+            tflops = 2 * 64 * n * kk * n_instr * iters * sms / ms / 1e9
             rows.append((name, n, per_instr, ideal, tflops))
-            print(f"{name:6s} N {n:3d}: {per_instr:6.1f} clocks per m64n{n}k16 (peak {ideal:4.1f}, "
+            print(f"{name:6s} N {n:3d}: {per_instr:6.1f} clocks per m64n{n}k{kk} (peak {ideal:4.1f}, "
                   f"{ideal / per_instr:5.1%}); {tflops:6.1f} TFLOP/s over {sms} SMs", flush=True)
     print("\n| product | N | clocks per wgmma | at the tensor peak | fraction | TFLOP/s, all SMs |")
     print("|---|---|---|---|---|---|")
@@ -121,4 +248,7 @@ def main(iters: int = 2000) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(x) for x in sys.argv[1:2]))
+    if "--precision" in sys.argv:
+        precision()
+    else:
+        main(*(int(x) for x in sys.argv[1:2]))
