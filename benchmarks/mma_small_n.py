@@ -14,6 +14,9 @@ by ``do_bench``.
   of a bf16 q scaled by a power of two) in shared memory: two m64nNk32 fp8 wgmmas per 32 values.
 * ``pv8``: O^T [512, N] += V^T (fp8 in registers) x P^T (two fp8 terms in shared memory): two per 32 rows.
 
+``--overlap`` (GPU): whether fp8 -> f16 conversions, byte permutes or FMAs issued by the same warps run while their
+async wgmmas do.
+
 ``--precision`` (GPU): how exact the fp8 products with a two-term q are, against float64 on the same values. Measured
 (BENCHMARKS.md, thirty-second session): an fp8 wgmma costs the clocks of a bf16 one with half its K, but its sums are
 not exact (up to 1.8e-3 of max |S| chained, 3.4e-4 with every wgmma's result added in fp32), so the sparse MLA
@@ -210,6 +213,79 @@ def precision() -> None:
                 print(f"| {n} | {k} | {terms} | {err:.2e} |")
 
 
+#: the streams run beside the products in ``overlap``: one instruction per chain and round (inline PTX)
+OTHER = {"none": "", "cvt": "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.rn.f16x2.e4m3x2 $0, l; }",
+         "prmt": "prmt.b32 $0, $1, $1, 0x5140;",
+         "ffma": "{ .reg .f32 a; mov.b32 a, $1; fma.rn.f32 a, a, a, a; mov.b32 $0, a; }"}
+
+
+@gluon.jit
+def _overlap_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, WG: gl.constexpr, ASM: gl.constexpr,
+                    ROUNDS: gl.constexpr):
+    """Per iteration: one tile's QK with A in registers (``qk_rs``, 32 async m64nNk16 wgmmas; ``WG`` 2: A in shared
+    memory, ``qk``'s values; 0: none), then
+    ``ROUNDS`` rounds of 8 independent chains per thread of the instruction ``ASM`` issued while the products run,
+    then the wait."""
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
+    a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 512], sh)
+    b_smem = gl.allocate_shared_memory(gl.bfloat16, [N, 512], sh)
+    _fill(a_smem, a_ptr, 64, 512, 576, 0)
+    _fill(b_smem, b_ptr, N, 512, 576, 0)
+    fence_async_shared()
+    gl.thread_barrier()
+    a_reg = a_smem.load(gl.DotOperandLayout(0, acc_l, 2))
+    acc = gl.zeros([64, N], gl.float32, acc_l)
+    xl: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
+    x = gl.arange(0, 1024, xl) * 40503 + 0x3C003C00
+    t0 = _clk()
+    for _ in range(iters):
+        if WG == 1:
+            acc = warpgroup_mma(a_reg, b_smem.permute((1, 0)), acc, is_async=True)
+        if WG == 2:
+            acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), acc, is_async=True)
+        if ASM != "":
+            for r in gl.static_range(ROUNDS):
+                x = gl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
+        if WG:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    t1 = _clk()
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.arange(0, 1, lay)
+    gl.store(clk_ptr + 2 * gl.program_id(0) + offs, t1 - t0, mask=offs == 0)
+    gl.store(out_ptr + gl.program_id(0) + offs, gl.sum(gl.sum(acc, 1), 0) + gl.sum(x, 0).to(gl.float32)
+             + offs.to(gl.float32), mask=offs == 0)
+
+
+def overlap(iters: int = 1000) -> None:
+    """Do other instructions run while the warpgroup's async products do? Clocks per iteration (median over 132
+    CTAs) of the products alone, each stream alone, and both; "overlap" is how much of the shorter one hides."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print("| N | A | stream | rounds (x 8 chains) | products alone | stream alone | both | hidden |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, wg in ((16, 1), (32, 1), (16, 2), (32, 2)):
+        a = torch.randn(64, 576, device=dev).to(torch.bfloat16)
+        b = torch.randn(n, 576, device=dev).to(torch.bfloat16)
+        clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
+        out = torch.empty(sms, dtype=torch.float32, device=dev)
+
+        def clocks(wg, asm, rounds):
+            _overlap_kernel[(sms, )](a, b, clk, out, iters, n, wg, asm, rounds, num_warps=4)
+            torch.cuda.synchronize()
+            return clk[:, 0].double().median().item() / iters
+
+        alone = clocks(wg, "", 1)
+        for name in ("cvt", "prmt", "ffma"):
+            for rounds in (8, 16, 32):
+                s_alone = clocks(0, OTHER[name], rounds)
+                both = clocks(wg, OTHER[name], rounds)
+                hidden = (alone + s_alone - both) / min(alone, s_alone)
+                where = "registers" if wg == 1 else "shared"
+                print(f"| {n} | {where} | {name} | {rounds} | {alone:.0f} | {s_alone:.0f} | {both:.0f} | "
+                      f"{hidden:.0%} |", flush=True)
+
+
 def main(iters: int = 2000) -> None:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -250,5 +326,7 @@ def main(iters: int = 2000) -> None:
 if __name__ == "__main__":
     if "--precision" in sys.argv:
         precision()
+    elif "--overlap" in sys.argv:
+        overlap()
     else:
         main(*(int(x) for x in sys.argv[1:2]))
