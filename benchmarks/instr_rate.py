@@ -31,6 +31,10 @@ OPS = {
     "movmatrix": ("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "MOVM"),
     "hmma": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $4, $5}, {$5, $4},"
              " {$0, $1, $2, $3};", "HMMA"),
+    "hmma_f16acc": ("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {$0, $1}, {$2, $3, $2, $3}, {$3, $2}, {$0, $1};",
+                    "HMMA"),
+    "hmma_k8": ("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5}, {$5},"
+                " {$0, $1, $2, $3};", "HMMA"),
     "ex2": ("{ .reg .f32 a; mov.b32 a, $1; ex2.approx.ftz.f32 a, a; mov.b32 $0, a; }", "MUFU"),
 }
 #: pairs run on separate chains in the same round
@@ -57,7 +61,10 @@ def _rate_kernel(out_ptr, clk_ptr, iters, ASM_A: tl.constexpr, ASM_B: tl.constex
     c2 = x + 2
     c3 = x + 3
     for _ in range(iters):
-        if ASM_A.startswith("mma"):  # four accumulator registers per chain, read and written in place ("+r")
+        if ASM_A.startswith("mma.sync.aligned.m16n8k16.row.col.f16"):  # two accumulator registers per chain
+            x, c1 = tl.inline_asm_elementwise(ASM_A, "=r,=r,r,r,0,1", [y, z, x, c1], dtype=(tl.int32, tl.int32),
+                                              is_pure=True, pack=1)
+        elif ASM_A.startswith("mma"):  # four accumulator registers per chain, read and written in place ("+r")
             x, c1, c2, c3 = tl.inline_asm_elementwise(ASM_A, "=r,=r,=r,=r,r,r,0,1,2,3", [y, z, x, c1, c2, c3],
                                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
                                                       pack=1)
@@ -106,9 +113,9 @@ def latency(iters: int = 4096) -> None:
     stops growing with the chains, the pipe is the bound; below, the latency of one chain (about chains x clocks)."""
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    print("| instruction | chains per thread | clocks per warp-instruction per SMSP | clocks per round (latency bound) |")
+    print("| instruction | chains per thread | clocks per warp-instruction per SMSP | clocks per round |")
     print("|---|---|---|---|")
-    for name in ("hmma", "cvt_e4m3x2_f16x2", "ffma"):
+    for name in ("hmma", "hmma_f16acc", "hmma_k8", "cvt_e4m3x2_f16x2", "ffma"):
         for ch in (1, 2, 4, 8, 16, 32):
             e = ch * 32 * 4
             out = torch.empty(sms * e, dtype=torch.int32, device=dev)
