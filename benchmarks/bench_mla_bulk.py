@@ -34,10 +34,10 @@ PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", len_ptr
 DIVISIBLE = ("stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh", "split_len")  # (as at the decode shapes)
 
 
-def compile_only(nsplit=1, has_len=False, has_sink=False, skip=False, trace=False, quiet=False, k8=False):
+def compile_only(nsplit=1, has_len=False, has_sink=False, skip=False, trace=False, quiet=False):
     """CPU: compile for sm_90a with the offsets resolved (:func:`dsa.mla.kernel_bulk.resolve_offsets`); returns
     the compiled kernel."""
-    consts = KB.constexprs(nsplit, has_len, has_sink, skip, trace, k8)
+    consts = KB.constexprs(nsplit, has_len, has_sink, skip, trace)
     k = [None]
 
     def build(c):
@@ -50,8 +50,6 @@ def compile_only(nsplit=1, has_len=False, has_sink=False, skip=False, trace=Fals
               f"{consts['RING_OFF']}, barriers at {consts['BAR_OFF']} / {consts['EMPTY_OFF']}; shared "
               f"{k[0].metadata.shared} B")
         print(sass_counts(k[0], ("LDS", "LDG", "HMMA", "STS", "STG", "BAR", "STL", "LDL", "UBLKCP", "F2FP", "VOTE")))
-        if k8:
-            print("k8:", sass_counts(k[0], ("HMMA", )))
     return k[0]
 
 
@@ -61,11 +59,10 @@ def _sm90(q, kv, idx, **kw):
     return sparse_mla_triton(q, kv, idx, SM_SCALE, config={"bulk": False}, **kw)
 
 
-def checks(k8=False):
+def checks():
     """Against ``sparse_mla_ref``: 5% invalid entries, NaN in every unused row, poisoned outputs, a token with no
     valid entry; 1, 2, 3 and 4 splits; ``topk_length`` (0, full, 1000, 64, 1) with a sink; ``out=`` with padded
-    rows; each twice (the split merge's counters must be back at 0). ``k8``: the kernel with its products as
-    m16n8k8 pairs."""
+    rows; each twice (the split merge's counters must be back at 0)."""
     from dsa.mla import sparse_mla_ref
 
     worst = 0.0
@@ -85,7 +82,7 @@ def checks(k8=False):
             out = None
             if rep:  # padded output rows (head stride 640), poisoned
                 out = torch.full((T, 16, 640), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :, :512]
-            got = KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, sink, lens, out, ns, k8=k8)
+            got = KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, sink, lens, out, ns)
             torch.cuda.synchronize()
             d_out = (got[0].float() - ref[0].float()).abs().max().item()
             ok = torch.isfinite(ref[2])
@@ -136,34 +133,6 @@ def timings(batches=(32, 64, 128)):
         print(f"{r[0]:5d} {r[1]:6d} " + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[2:], (6, 7, 6, 6, 6))))
 
 
-def ab_k8(batches=(32, 64, 128, 256), rounds=5):
-    """The kernel's products as m16n8k16 (today) against m16n8k8 pairs (``k8``), at the default split count:
-    medians of ``rounds`` interleaved rounds, and how far the two differ (the order of the fp32 sums)."""
-    from dsa.bench import mla_inputs
-
-    nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    print("| batch | splits | m16n8k16 | m16n8k8 pairs | change | max |out difference| | max |lse difference| "
-          "| k8 bitwise on rerun |")
-    print("|---|---|---|---|---|---|---|---|")
-    for T in batches:
-        q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
-        flat = kv.reshape(-1, 656)
-        ns = KB.num_splits_for(T, 2048, nsm)
-        a = KB.sparse_mla_bulk(q, flat, idx, SM_SCALE)
-        b = KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, k8=True)
-        b2 = KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, k8=True)
-        same = all(torch.equal(x, y) for x, y in zip(b, b2))
-        d_out = (a[0].float() - b[0].float()).abs().max().item()
-        d_lse = (a[2] - b[2]).abs().max().item()
-        t16, t8 = [], []
-        for _ in range(rounds):
-            t16.append(_ms(lambda: KB.sparse_mla_bulk(q, flat, idx, SM_SCALE)))
-            t8.append(_ms(lambda: KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, k8=True)))
-        m16, m8 = sorted(t16)[rounds // 2] * 1e3, sorted(t8)[rounds // 2] * 1e3
-        print(f"| {T} | {ns} | {m16:.1f} | {m8:.1f} | {(m8 / m16 - 1) * 100:+.1f}% | {d_out:.2e} | {d_lse:.2e} "
-              f"| {'yes' if same else 'NO'} |", flush=True)
-
-
 def sweep(batches=(1, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256)):
     """Batch x split count: the bulk kernel against the other Hopper kernel (the data of ``kernel_bulk``'s rule)."""
     from dsa.bench import mla_inputs
@@ -184,7 +153,7 @@ def sweep(batches=(1, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
               + f"   {KB.num_splits_for(T, 2048, nsm)}", flush=True)
 
 
-def trace_phases(cases=((32, 4), (64, 2), (128, 1)), k8=False):
+def trace_phases(cases=((32, 4), (64, 2), (128, 1))):
     """Where the math warps' tile goes (clock sums per tile by phase) and the loaders' waits, beside the time of
     the call with and without the trace."""
     from dsa.bench import mla_inputs
@@ -197,7 +166,7 @@ def trace_phases(cases=((32, 4), (64, 2), (128, 1)), k8=False):
         tr = torch.zeros(ns * T, 4, 128, dtype=torch.int32, device="cuda")
         ltr = torch.zeros(ns * T, 2, 2, 64, dtype=torch.int32, device="cuda")
         call = lambda t: KB.sparse_mla_bulk(q, flat, idx, SM_SCALE, num_splits=ns, trace=t,  # noqa: E731
-                                            ltrace=None if t is None else ltr, k8=k8)
+                                            ltrace=None if t is None else ltr)
         call(tr)
         torch.cuda.synchronize()
         tiles = 2048 // 64 // ns
@@ -215,16 +184,10 @@ if __name__ == "__main__":
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--trace", action="store_true")
-    ap.add_argument("--k8", action="store_true", help="checks and A/B of the products as m16n8k8 pairs")
     a = ap.parse_args()
     if a.compile_only:
         for args in ((1, ), (4, ), (2, True, True), (1, False, False, True), (2, False, False, False, True)):
             compile_only(*args)
-        compile_only(2, k8=True)
-    elif a.k8:
-        checks(k8=True)
-        ab_k8()
-        trace_phases(k8=True)
     elif a.sweep:
         sweep()
     elif a.trace:

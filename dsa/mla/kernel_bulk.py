@@ -514,12 +514,9 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
                             RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr,
                             IDX_L: gl.constexpr,
                             NSPLIT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-                            SKIP: gl.constexpr, TRACE: gl.constexpr, K8: gl.constexpr):
+                            SKIP: gl.constexpr, TRACE: gl.constexpr):
     """Grid ``(NSPLIT, T)``: program (split ``sid``, token ``t``) walks entries ``[sid split_len, +split_len)`` of
-    the token's list (and below ``len_ptr[t]`` with ``HAS_LEN``); tiles wholly past the end are not copied.
-    ``K8``: the products' ``mma.sync`` m16n8k16 issued as two m16n8k8 each (:func:`split_mma_k16`)."""
-    if K8:
-        _k8_mark()
+    the token's list (and below ``len_ptr[t]`` with ``HAS_LEN``); tiles wholly past the end are not copied."""
     t64 = gl.program_id(1).to(gl.int64)
     sid = gl.program_id(0).to(gl.int64)
     start = gl.program_id(0) * split_len
@@ -544,65 +541,6 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
                    LWW, ltr_ptr, sid * T + t64, TRACE)),
     ], [LWW, LWW], [48, 48])
     ring._keep_alive()  # (the copies write it by address: never let the unused buffer drop it)
-
-
-# ------------------------------------------------------------------------------------------------------
-# m16n8k16 as two m16n8k8 (the PTX of kernels marked by _k8_mark)
-# ------------------------------------------------------------------------------------------------------
-K8_MARK = "dsa:mma-m16n8k8"
-
-
-@gluon.jit
-def _k8_mark():
-    """A PTX comment that asks the compile hook (:func:`_stages_hook`) to split this kernel's products."""
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    gl.inline_asm_elementwise("// dsa:mma-m16n8k8\n\tmov.u32 $0, 0;", "=r,r", [gl.full([128], 0, gl.int32, lay)],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-_MMA16 = re.compile(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(f16|bf16)\.\1\.f32\s*\{([^}]*)\},\s*"
-                    r"\{([^}]*)\},\s*\{([^}]*)\},\s*\{([^}]*)\};")
-
-
-def split_mma_k16(ptx: str) -> str:
-    """Each ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`` of ``ptx`` as two ``m16n8k8``: the first over A's
-    registers 0-1 and B's register 0 (k 0-7) from C, the second over A's 2-3 and B's 1 (k 8-15) onto the first's
-    result. The fragments of m16n8k16 are those of two m16n8k8 side by side in k, so the sum is the same up to the
-    order of its fp32 additions. On the H200 one warp issues an m16n8k8 every 4.2-4.4 clocks and an m16n8k16 every
-    16-18 (``benchmarks/instr_rate.py``)."""
-    def one(m):
-        t, d, c = m.group(1), m.group(2), m.group(5)
-        a = [x.strip() for x in m.group(3).split(",")]
-        b = [x.strip() for x in m.group(4).split(",")]
-        if len(a) != 4 or len(b) != 2 or {x.strip() for x in d.split(",")} & set(a[2:] + b[1:]):
-            return m.group(0)  # (not the expected form, or the result overwrites an operand the second reads)
-        op = f"mma.sync.aligned.m16n8k8.row.col.f32.{t}.{t}.f32"
-        return (f"{op} {{{d}}}, {{{a[0]}, {a[1]}}}, {{{b[0]}}}, {{{c}}};\n\t"
-                f"{op} {{{d}}}, {{{a[2]}, {a[3]}}}, {{{b[1]}}}, {{{d}}};")
-    return _MMA16.sub(one, ptx)
-
-
-def _stages_hook(backend, stages, options, language, capability):
-    """Triton's compile-stage hook (chained to any set before): PTX that carries :data:`K8_MARK` gets
-    :func:`split_mma_k16`. The mark is a constexpr's code, so the split variant has its own cache entries."""
-    if _PREV_HOOK is not None:
-        _PREV_HOOK(backend, stages, options, language, capability)
-    make = stages.get("ptx")
-    if make is None:
-        return
-
-    def ptx(src, metadata):
-        out = make(src, metadata)
-        return split_mma_k16(out) if K8_MARK in out else out
-
-    stages["ptx"] = ptx
-
-
-_PREV_HOOK = triton.knobs.runtime.add_stages_inspection_hook
-if getattr(_PREV_HOOK, "__name__", "") != "_stages_hook":
-    triton.knobs.runtime.add_stages_inspection_hook = _stages_hook
-else:  # (this module imported again: keep the hook that is there)
-    _PREV_HOOK = None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -641,14 +579,13 @@ def _layouts():
     return red, red_l, l4, out_l, idx_l
 
 
-def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, trace: bool = False,
-               k8: bool = False) -> dict:
+def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, trace: bool = False) -> dict:
     """The kernel's constexpr arguments, the shared offsets still 0 (:func:`resolve_offsets` fills them)."""
     red, red_l, l4, out_l, idx_l = _layouts()
     return dict(NSTAGES=STAGES, LWW=LOADER_WARPS, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, RED=red, RED_L=red_l,
                 L4=l4,
                 OUT_L=out_l, IDX_L=idx_l, NSPLIT=int(nsplit), HAS_LEN=bool(has_len), HAS_SINK=bool(has_sink),
-                SKIP=bool(skip), TRACE=bool(trace), K8=bool(k8), **ring_words())
+                SKIP=bool(skip), TRACE=bool(trace), **ring_words())
 
 
 def allocated(ttgir: str, capability: int = 90) -> str:
@@ -771,7 +708,7 @@ def applies(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, out: torch
 
 
 def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, out=None, num_splits=None,
-                    skip=False, trace=None, ltrace=None, k8=False):
+                    skip=False, trace=None, ltrace=None):
     """Sparse MLA over the fp8_ds_mla cache for 16 heads on sm_90 (validated arguments, :func:`applies`): ``q``
     ``[T, 16, 576]`` bf16, ``kv`` ``[S, 656]`` uint8, ``indices`` ``[T, topk]`` int32, ``topk_length`` ``[T]``
     int32 or None, ``attn_sink`` ``[16]`` f32 or None, ``out`` ``[T, 16, 512]`` bf16 or None. Returns
@@ -802,13 +739,12 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
     # the constexprs are built once per key (about 170 us of host time each on a CPU); every variant the launcher
     # compiles (one per specialisation: its integers' divisibility by 16, equality to 1 and width, its pointers'
     # 16-byte alignment) has its shared offsets checked once, on the code the launch then runs
-    key = (str(dev), ns, has_len, has_sink, bool(skip), trace is not None, bool(k8))
+    key = (str(dev), ns, has_len, has_sink, bool(skip), trace is not None)
     spec = key + specialisation(args)
     consts = _CONSTS.get(key)
     warmup = lambda c: _sparse_mla_bulk_kernel.warmup(*args, grid=grid, num_warps=4, **c)  # noqa: E731
     if consts is None:
-        consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None, k8),
-                                                warmup)
+        consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None), warmup)
         _CHECKED.add(spec)
     elif spec not in _CHECKED:
         got = offsets(warmup(consts).asm["ttgir"], ring_words(), STAGES, True)
