@@ -1,0 +1,85 @@
+"""The instruction-level microbenchmarks behind BENCHMARKS.md's thirty-second session: ``benchmarks/mma_small_n.py``
+(wgmma clocks by N, bf16 and fp8; the fp8 products' exactness) and ``benchmarks/instr_rate.py`` (SASS instruction
+rates). They run only on an sm_90 GPU; here, on any machine, what their recorded numbers rest on: the exact two-term
+fp8 split of a bf16 operand, and that each variant compiles for sm_90a to the instructions it claims to time."""
+import sys
+
+import torch
+
+from utils import BENCHMARKS, compiled_in_subprocess
+
+_COMPILE = r"""
+import mma_small_n as M
+import instr_rate as I
+import triton
+from triton.backends.compiler import GPUTarget
+
+for mode, n in ((3, 16), (3, 32), (4, 16)):
+    k = G.compile_sm90(M._mma_kernel, dict(N=n, MODE=mode), {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv",
+                                                            "clk_ptr": "*i64", "out_ptr": "*fp32"}, 4)
+    out[f"mma mode {mode} N {n}"] = G.sass_counts(k, PRE)
+for terms in (1, 2, 3):
+    k = G.compile_sm90(M._prec_kernel, dict(N=16, K=64, TERMS=terms), {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv",
+                                                                       "out_ptr": "*fp32"}, 4)
+    out[f"precision terms {terms}"] = G.sass_counts(k, PRE)
+k = G.compile_sm90(M._overlap_kernel, dict(N=16, WG=1, ASM=M.OTHER["cvt"], ROUNDS=8),
+                   {"a_ptr": "*bf16", "b_ptr": "*bf16", "clk_ptr": "*i64", "out_ptr": "*fp32"}, 4)
+out["overlap"] = G.sass_counts(k, PRE)
+sig = {"out_ptr": "*i32", "clk_ptr": "*i64", "iters": "i32", "ASM_A": "constexpr", "ASM_B": "constexpr",
+       "E": "constexpr", "CH": "constexpr"}
+for name, (asm, _) in I.OPS.items():
+    src = triton.compiler.ASTSource(I._rate_kernel, sig, {(3, ): asm, (4, ): "", (5, ): 8 * 128, (6, ): 8})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    out[f"rate {name}"] = G.sass_counts(k, PRE)
+"""
+_PRE = ("QGMMA", "HGMMA", "HMMA", "F2FP", "PRMT", "FFMA", "HFMA2", "MOVM", "MUFU", "STL", "LDL")
+
+
+def _split_fp8():
+    sys.path.insert(0, BENCHMARKS)
+    from mma_small_n import split_fp8
+
+    return split_fp8
+
+
+def test_split_fp8_is_exact():
+    """``x · scale == hi + lo`` for every bf16 value with ``|x · scale| >= 1/4`` (a row's largest lands in
+    [128, 256)); below that ``lo`` rounds to e4m3's subnormal step, so the error is at most half of 2^-9. Rows of
+    wide range, zeros and negative values included."""
+    split_fp8 = _split_fp8()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 512, generator=g) * torch.exp2(torch.randint(-12, 12, (64, 512), generator=g).float())
+    x[32:] = torch.randn(32, 512, generator=g)  # rows of a normal range: nearly every value exact
+    x[0] = 0.0
+    x[1, :7] = torch.tensor([1.0, -1.0, 3.0e-5, -2.5, 448.0, 1e-8, 0.0])
+    x = x.to(torch.bfloat16)
+    hi, lo, scale = split_fp8(x)
+    assert hi.dtype == lo.dtype == torch.float8_e4m3fn
+    xs = x.double() * scale.double()
+    got = hi.double() + lo.double()
+    big = xs.abs() >= 0.25
+    assert big.sum() > 20000  # (most of the values: the test must reach the exact case)
+    assert torch.equal(got[big], xs[big])
+    assert (got - xs).abs().max().item() <= 2.0 ** -10
+    amax = xs.abs().amax(dim=1)
+    assert bool(((amax >= 128) & (amax < 256) | (amax == 0)).all())
+    assert torch.equal(hi.double().abs() <= 448, torch.ones_like(big))
+
+
+def test_microbenchmarks_compile_for_sm90():
+    c = compiled_in_subprocess(_COMPILE, _PRE)
+    for mode, n in ((3, 16), (3, 32), (4, 16)):
+        counts = c[f"mma mode {mode} N {n}"]
+        assert counts.get("QGMMA.64", 0) == 32, counts  # 32 fp8 wgmmas (QGMMA; bf16 would be HGMMA) per iteration
+        assert "STL" not in counts and "LDL" not in counts, counts
+    assert c["precision terms 1"]["QGMMA.64"] == 2  # K 64: two k32 steps, one term
+    assert c["precision terms 2"]["QGMMA.64"] == 4
+    assert c["precision terms 3"]["QGMMA.64"] == 4
+    assert c["overlap"].get("F2FP.F16.E4M3.UNPACK_B", 0) >= 8 * 8, c["overlap"]  # 8 rounds x 8 chains per iteration
+    assert c["overlap"].get("HGMMA.64", 0) == 32, c["overlap"]
+    want = {"cvt_e4m3x2_f16x2": "F2FP.F16.E4M3.UNPACK_B", "prmt": "PRMT", "ffma": "FFMA", "movmatrix": "MOVM.16.MT88",
+            "hmma": "HMMA.16816.F32", "hmma_f16acc": "HMMA.16816.F16", "hmma_k8": "HMMA.1688.F32", "ex2": "MUFU.EX2"}
+    for name, mnemonic in want.items():
+        counts = c[f"rate {name}"]
+        assert counts.get(mnemonic, 0) >= 8, (name, counts)  # every chain's instruction is there, not folded
+        assert "STL" not in counts, (name, counts)
