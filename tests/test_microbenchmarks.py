@@ -83,3 +83,14 @@ def test_microbenchmarks_compile_for_sm90():
         counts = c[f"rate {name}"]
         assert counts.get(mnemonic, 0) >= 8, (name, counts)  # every chain's instruction is there, not folded
         assert "STL" not in counts, (name, counts)
+
+
+def test_whatif_variants_still_apply():
+    """``benchmarks/whatif_bulk.py`` builds its variants by replacing exact source text of
+    ``dsa/mla/kernel_bulk.py``: each replacement must still find its text once (the variant imports)."""
+    sys.path.insert(0, BENCHMARKS)
+    import whatif_bulk
+
+    for name in ("noconv", "noexp", "both", "noqkload", "qkmin"):
+        mod = whatif_bulk.variant(name)
+        assert mod.sparse_mla_bulk is not None and mod.__name__ == f"dsa.mla._whatif_{name}"
