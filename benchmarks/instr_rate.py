@@ -27,7 +27,7 @@ OPS = {
     "cvt_e4m3x2_f16x2": ("{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.rn.f16x2.e4m3x2 $0, l; }", "F2FP"),
     "prmt": ("prmt.b32 $0, $1, $2, 0x5140;", "PRMT"),
     "ffma": ("{ .reg .f32 a, b; mov.b32 a, $1; mov.b32 b, $2; fma.rn.f32 a, a, b, b; mov.b32 $0, a; }", "FFMA"),
-    "hfma2": ("fma.rn.f16x2 $0, $1, $2, $2;", "HFMA2"),
+    "hfma2": ("fma.rn.f16x2 $0, $1, $2, $2;", "HFMA2"),  # (ptxas issues half of them as HFMA2.MMA)
     "movmatrix": ("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "MOVM"),
     "hmma": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $4, $5}, {$5, $4},"
              " {$0, $1, $2, $3};", "HMMA"),
@@ -89,57 +89,58 @@ def _variants():
             yield a, b, w
 
 
-def compile_only() -> None:
-    """CPU: compile every variant for sm_90a and print the SASS count of each instruction's mnemonic."""
+def compile_sm90(a: str, b: str = "", w: int = 4, chains: int = CHAINS):
+    """The variant (instruction ``a``, optional pair ``b``, ``w`` warps, ``chains`` per thread) compiled for sm_90a on
+    any machine."""
     from triton.backends.compiler import GPUTarget
 
+    sig = {"out_ptr": "*i32", "clk_ptr": "*i64", "iters": "i32", "ASM_A": "constexpr", "ASM_B": "constexpr",
+           "E": "constexpr", "CH": "constexpr"}
+    consts = {(3, ): OPS[a][0], (4, ): OPS[b][0] if b else "", (5, ): chains * 32 * w, (6, ): chains}
+    return triton.compile(triton.compiler.ASTSource(_rate_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=w))
+
+
+def compile_only() -> None:
+    """CPU: compile every variant at 4 warps for sm_90a and print the SASS count of each instruction's mnemonic."""
     from bulk_gather import sass_counts
 
     for a, b, w in _variants():
-        if w != 4:
-            continue
-        src = triton.compiler.ASTSource(_rate_kernel, {"out_ptr": "*i32", "clk_ptr": "*i64", "iters": "i32",
-                                                       "ASM_A": "constexpr", "ASM_B": "constexpr", "E": "constexpr",
-                                                       "CH": "constexpr"},
-                                        {(3, ): OPS[a][0], (4, ): OPS[b][0] if b else "", (5, ): CHAINS * 32 * w,
-                                         (6, ): CHAINS})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=w))
-        mn = {OPS[a][1]} | ({OPS[b][1]} if b else set())
-        print(f"{a}{'+' + b if b else ''}: {sass_counts(k, tuple(mn))}")
+        if w == 4:
+            mn = {OPS[a][1]} | ({OPS[b][1]} if b else set())
+            print(f"{a}{'+' + b if b else ''}: {sass_counts(compile_sm90(a, b, w), tuple(mn))}")
+
+
+def _clocks(a: str, b: str, w: int, chains: int, iters: int) -> float:
+    """Run the variant on every SM; the median over the CTAs of the loop's SM clocks."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    e = chains * 32 * w
+    out = torch.empty(sms * e, dtype=torch.int32, device=dev)
+    clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
+    _rate_kernel[(sms, )](out, clk, iters, OPS[a][0], OPS[b][0] if b else "", e, chains, num_warps=w)
+    torch.cuda.synchronize()
+    if clk[:, 1].unique().numel() != sms:
+        print(f"({a} {b} W {w}: the CTAs ran on {clk[:, 1].unique().numel()} SMs, not {sms})")
+    return clk[:, 0].double().median().item()
 
 
 def latency(iters: int = 4096) -> None:
-    """HMMA and F2FP with 1, 2, 4, 8, 16 and 32 chains per thread at 4 warps (one per sub-partition): where the rate
-    stops growing with the chains, the pipe is the bound; below, the latency of one chain (about chains x clocks)."""
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    """The three ``mma.sync`` forms, F2FP and FFMA with 1, 2, 4, 8, 16 and 32 chains per thread at 4 warps (one per
+    sub-partition): where the rate stops growing with the chains, the pipe (or the warp's issue) is the bound;
+    below, the latency of one chain (about chains x clocks)."""
     print("| instruction | chains per thread | clocks per warp-instruction per SMSP | clocks per round |")
     print("|---|---|---|---|")
     for name in ("hmma", "hmma_f16acc", "hmma_k8", "cvt_e4m3x2_f16x2", "ffma"):
         for ch in (1, 2, 4, 8, 16, 32):
-            e = ch * 32 * 4
-            out = torch.empty(sms * e, dtype=torch.int32, device=dev)
-            clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
-            _rate_kernel[(sms, )](out, clk, iters, OPS[name][0], "", e, ch, num_warps=4)
-            torch.cuda.synchronize()
-            clocks = clk[:, 0].double().median().item()
-            per = clocks / (ch * iters)
-            print(f"| {name} | {ch} | {per:.2f} | {clocks / iters:.1f} |", flush=True)
+            clocks = _clocks(name, "", 4, ch, iters)
+            print(f"| {name} | {ch} | {clocks / (ch * iters):.2f} | {clocks / iters:.1f} |", flush=True)
 
 
 def main(iters: int = 4096) -> None:
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []
     for a, b, w in _variants():
-        e = CHAINS * 32 * w
-        out = torch.empty(sms * e, dtype=torch.int32, device=dev)
-        clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
-        _rate_kernel[(sms, )](out, clk, iters, OPS[a][0], OPS[b][0] if b else "", e, CHAINS, num_warps=w)
-        torch.cuda.synchronize()
-        if clk[:, 1].unique().numel() != sms:
-            print(f"({a} {b} W {w}: the CTAs ran on {clk[:, 1].unique().numel()} SMs, not {sms})")
-        clocks = clk[:, 0].double().median().item()
+        clocks = _clocks(a, b, w, CHAINS, iters)
         n = (2 if b else 1) * w * CHAINS * iters  # warp-instructions per SM
         rows.append((a + ("+" + b if b else ""), w, n / clocks, 4 * clocks / n))
         print(f"{rows[-1][0]:30s} W {w:2d}: {rows[-1][2]:6.3f} warp-instr / clock / SM", flush=True)

@@ -167,8 +167,9 @@ def split_fp8(x: torch.Tensor):
 
 
 def precision() -> None:
-    """Relative error of the fp8 two-term products against float64, beside bf16-exact references: each printed
-    number is max |err| / max |exact| over a [64, N] product."""
+    """QK: max |err| / max |exact| of the fp8 products (q as 1 or 2 fp8 terms; 3: both, each wgmma promoted to fp32)
+    against float64 on the bf16 q, and against exact arithmetic on the same fp8 terms (the tensor cores' own error).
+    P.V: the error against float64 over max |v| times the sum of the weights (the measure of the out tolerance)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     print("| N | K | K's values | terms | max err / max |S| | max err against exact arithmetic on the same fp8 terms |")
@@ -214,7 +215,7 @@ def precision() -> None:
 
 
 #: the streams run beside the products in ``overlap``: one instruction per chain and round (inline PTX)
-OTHER = {"none": "", "cvt": "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.rn.f16x2.e4m3x2 $0, l; }",
+OTHER = {"cvt": "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.rn.f16x2.e4m3x2 $0, l; }",
          "prmt": "prmt.b32 $0, $1, $1, 0x5140;",
          "ffma": "{ .reg .f32 a; mov.b32 a, $1; fma.rn.f32 a, a, a, a; mov.b32 $0, a; }"}
 
@@ -222,10 +223,9 @@ OTHER = {"none": "", "cvt": "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.rn.f16x2.
 @gluon.jit
 def _overlap_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, WG: gl.constexpr, ASM: gl.constexpr,
                     ROUNDS: gl.constexpr):
-    """Per iteration: one tile's QK with A in registers (``qk_rs``, 32 async m64nNk16 wgmmas; ``WG`` 2: A in shared
-    memory, ``qk``'s values; 0: none), then
-    ``ROUNDS`` rounds of 8 independent chains per thread of the instruction ``ASM`` issued while the products run,
-    then the wait."""
+    """Per iteration: one tile's QK (32 async m64nNk16 wgmmas; ``WG`` 1: A in registers as ``qk_rs``, 2: A in shared
+    memory as ``qk``, 0: no products), then ``ROUNDS`` rounds of 8 independent chains per thread of the instruction
+    ``ASM`` (none if empty) issued while the products run, then the wait."""
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
     a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 512], sh)
@@ -259,7 +259,8 @@ def _overlap_kernel(a_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, WG: 
 
 def overlap(iters: int = 1000) -> None:
     """Do other instructions run while the warpgroup's async products do? Clocks per iteration (median over 132
-    CTAs) of the products alone, each stream alone, and both; "overlap" is how much of the shorter one hides."""
+    CTAs) of the products alone, each stream alone, and both; "hidden" is how much of the shorter one runs beside the
+    other: (alone + stream alone - both) / the shorter (100%: fully, 0%: additive)."""
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print("| N | A | stream | rounds (x 8 chains) | products alone | stream alone | both | hidden |")
