@@ -17,6 +17,10 @@ by ``do_bench``.
 ``--overlap`` (GPU): whether fp8 -> f16 conversions, byte permutes or FMAs issued by the same warps run while their
 async wgmmas do.
 
+``--latency`` (GPU): a chain of KS m64nNk16 wgmmas (A in registers, loaded once or loaded from fp8 in shared memory
+and converted every time, or A in shared memory) and its wait, per iteration, for KS 1-8: the intercept is what one
+wait on a chain costs beyond its products.
+
 ``--precision`` (GPU): how exact the fp8 products with a two-term q are, against float64 on the same values. Measured
 (BENCHMARKS.md, thirty-second session): an fp8 wgmma costs the clocks of a bf16 one with half its K, but its sums are
 not exact (up to 1.8e-3 of max |S| chained, 3.4e-4 with every wgmma's result added in fp32), so the sparse MLA
@@ -287,6 +291,71 @@ def overlap(iters: int = 1000) -> None:
                       f"{hidden:.0%} |", flush=True)
 
 
+@gluon.jit
+def _lat_kernel(a_ptr, a8_ptr, b_ptr, clk_ptr, out_ptr, iters, N: gl.constexpr, KS: gl.constexpr, A: gl.constexpr):
+    """Per iteration: one chain of ``KS`` m64nNk16 wgmmas (K = 16 ``KS``) into a fresh accumulator, then its wait.
+    ``A``: 0 in registers, loaded once; 1 loaded from fp8 in shared memory and converted to f16 every iteration; 2 in
+    shared memory."""
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sh8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(0, acc_l, 2)
+    a_smem = gl.allocate_shared_memory(gl.float16, [64, 128], sh)
+    a8_smem = gl.allocate_shared_memory(gl.float8e4nv, [64, 128], sh8)
+    b_smem = gl.allocate_shared_memory(gl.float16, [N, 128], sh)
+    _fill(a_smem, a_ptr, 64, 128, 128, 0)
+    _fill(a8_smem, a8_ptr, 64, 128, 128, 0)
+    _fill(b_smem, b_ptr, N, 128, 128, 0)
+    fence_async_shared()
+    gl.thread_barrier()
+    a_reg = a_smem.slice(0, 16 * KS, dim=1).load(a_l)
+    zero = gl.zeros([64, N], gl.float32, acc_l)
+    tot = zero
+    t0 = _clk()
+    for _ in range(iters):
+        if A == 0:
+            acc = warpgroup_mma(a_reg, b_smem.slice(0, 16 * KS, dim=1).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+        elif A == 1:
+            a16 = a8_smem.slice(0, 16 * KS, dim=1).load(a_l).to(gl.float16)
+            acc = warpgroup_mma(a16, b_smem.slice(0, 16 * KS, dim=1).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+        else:
+            acc = warpgroup_mma(a_smem.slice(0, 16 * KS, dim=1), b_smem.slice(0, 16 * KS, dim=1).permute((1, 0)),
+                                zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        tot += acc
+    t1 = _clk()
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.arange(0, 1, lay)
+    gl.store(clk_ptr + 2 * gl.program_id(0) + offs, t1 - t0, mask=offs == 0)
+    gl.store(out_ptr + gl.program_id(0) + offs, gl.sum(gl.sum(tot, 1), 0) + offs.to(gl.float32), mask=offs == 0)
+
+
+def latency(iters: int = 2000) -> None:
+    """Clocks per iteration (median over 132 CTAs, one warpgroup each) of one chain of KS wgmmas and its wait."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    names = ("A in registers (loaded once)", "A from fp8 in shared memory, converted every time", "A in shared memory")
+    print("| N | A | KS 1 | KS 2 | KS 4 | KS 8 | slope per wgmma | intercept |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in (16, 32):
+        a = torch.randn(64, 128, device=dev).to(torch.float16)
+        a8 = torch.randn(64, 128, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(n, 128, device=dev).to(torch.float16)
+        clk = torch.zeros(sms, 2, dtype=torch.int64, device=dev)
+        out = torch.empty(sms, dtype=torch.float32, device=dev)
+        for mode, name in enumerate(names):
+            cl = []
+            for ks in (1, 2, 4, 8):
+                _lat_kernel[(sms, )](a, a8, b, clk, out, iters, n, ks, mode, num_warps=4)
+                torch.cuda.synchronize()
+                cl.append(clk[:, 0].double().median().item() / iters)
+            slope = (cl[3] - cl[1]) / 6
+            print(f"| {n} | {name} | " + " | ".join(f"{c:.0f}" for c in cl) + f" | {slope:.1f} | "
+                  f"{cl[1] - 2 * slope:.0f} |", flush=True)
+
+
 def main(iters: int = 2000) -> None:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -327,6 +396,8 @@ def main(iters: int = 2000) -> None:
 if __name__ == "__main__":
     if "--precision" in sys.argv:
         precision()
+    elif "--latency" in sys.argv:
+        latency()
     elif "--overlap" in sys.argv:
         overlap()
     else:
