@@ -1,7 +1,8 @@
-"""The instruction-level microbenchmarks behind BENCHMARKS.md's thirty-second session: ``benchmarks/mma_small_n.py``
-(wgmma clocks by N, bf16 and fp8; the fp8 products' exactness) and ``benchmarks/instr_rate.py`` (SASS instruction
-rates). They run only on an sm_90 GPU; here, on any machine, what their recorded numbers rest on: the exact two-term
-fp8 split of a bf16 operand, and that each variant compiles for sm_90a to the instructions it claims to time."""
+"""The instruction-level microbenchmarks behind BENCHMARKS.md's thirty-second and thirty-third sessions:
+``benchmarks/mma_small_n.py`` (wgmma clocks by N, bf16 and fp8; the fp8 products' exactness; a chain's wait) and
+``benchmarks/instr_rate.py`` (SASS instruction rates). They run only on an sm_90 GPU; here, on any machine, what their
+recorded numbers rest on: the exact two-term fp8 split of a bf16 operand, and that each variant compiles for sm_90a
+to the instructions it claims to time."""
 import sys
 
 import torch
@@ -23,6 +24,10 @@ for terms in (1, 2, 3):
 k = G.compile_sm90(M._overlap_kernel, dict(N=16, WG=1, ASM=M.OTHER["cvt"], ROUNDS=8),
                    {"a_ptr": "*bf16", "b_ptr": "*bf16", "clk_ptr": "*i64", "out_ptr": "*fp32"}, 4)
 out["overlap"] = G.sass_counts(k, PRE)
+for a in (0, 1, 2):
+    k = G.compile_sm90(M._lat_kernel, dict(N=16, KS=4, A=a), {"a_ptr": "*fp16", "a8_ptr": "*fp8e4nv", "b_ptr": "*fp16",
+                                                              "clk_ptr": "*i64", "out_ptr": "*fp32"}, 4)
+    out[f"latency A {a}"] = G.sass_counts(k, PRE)
 for name in I.OPS:
     out[f"rate {name}"] = G.sass_counts(I.compile_sm90(name), PRE)
 """
@@ -71,6 +76,11 @@ def test_microbenchmarks_compile_for_sm90():
     assert c["precision terms 3"]["QGMMA.64"] == 4
     assert c["overlap"].get("F2FP.F16.E4M3.UNPACK_B", 0) >= 8 * 8, c["overlap"]  # 8 rounds x 8 chains per iteration
     assert c["overlap"].get("HGMMA.64", 0) == 32, c["overlap"]
+    for a in (0, 1, 2):  # --latency: chains of 4 wgmmas (the loop unrolled 8 times); only A 1 converts, every time
+        counts = c[f"latency A {a}"]
+        assert counts.get("HGMMA.64", 0) % 4 == 0 and counts.get("HGMMA.64", 0) >= 4, counts
+        assert (counts.get("F2FP.F16.E4M3.UNPACK_B", 0) >= 16 * counts["HGMMA.64"] // 4) == (a == 1), counts
+        assert "STL" not in counts, counts
     want = {"cvt_e4m3x2_f16x2": "F2FP.F16.E4M3.UNPACK_B", "prmt": "PRMT", "ffma": "FFMA", "movmatrix": "MOVM.16.MT88",
             "hmma": "HMMA.16816.F32", "hmma_f16acc": "HMMA.16816.F16", "hmma_k8": "HMMA.1688.F32", "ex2": "MUFU.EX2"}
     for name, mnemonic in want.items():
