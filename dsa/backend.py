@@ -60,6 +60,56 @@ def triton_runs_on(device: torch.device) -> bool:
     return device.type == "cuda" and _cuda_available()  # ROCm shows up as "cuda" too
 
 
+def compiled_nvidia(device: torch.device) -> bool:
+    """Whether kernels for ``device`` are compiled for an NVIDIA GPU (not ROCm, not the CPU interpreter): where
+    NVIDIA-only launch options (``maxnreg``) and inline PTX may be used."""
+    return device.type == "cuda" and torch.version.hip is None and not interpreter_on()
+
+
+def nvidia_options(device: torch.device, **options) -> dict:
+    """``options`` (NVIDIA-only launch options such as ``maxnreg``; None values dropped) where
+    :func:`compiled_nvidia`, else none: Triton's AMD backend rejects them."""
+    if not compiled_nvidia(device):
+        return {}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+#: set to 1 to run the software e4m3fn conversions on every device (tests; see :func:`fp8_native`)
+FP8_EMULATION_ENV = "DSA_FP8_EMULATION"
+
+
+def fp8_native(device: torch.device) -> bool:
+    """Whether Triton has the e4m3fn type on ``device``: the portable kernels then load, convert and multiply fp8
+    natively. Triton types e4m3fn on NVIDIA GPUs of compute capability 8.9 and later and on AMD GPUs (and in the
+    CPU interpreter), not on Ampere (8.0 / 8.6 / 8.7), where the kernels take fp8 caches and operands as bytes and
+    convert them in software instead (:mod:`dsa.fp8`: exact e4m3fn -> f16, round-to-nearest-even saturating
+    f32 -> e4m3fn; products in f16 with fp32 accumulation). ``DSA_FP8_EMULATION=1`` takes the software path
+    everywhere."""
+    if os.environ.get(FP8_EMULATION_ENV, "0") not in ("", "0"):
+        return False
+    if interpreter_on() or device.type != "cuda" or torch.version.hip is not None:
+        return True
+    return _nvidia_fp8(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _nvidia_fp8(device_index: int) -> bool:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return _arch_has_e4m3(major * 10 + minor)
+
+
+def _arch_has_e4m3(arch: int) -> bool:
+    """Triton's own rule (its CUDA backend's ``supported_fp8_dtypes`` for this compute capability)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend
+        from triton.backends.compiler import GPUTarget
+
+        opts = CUDABackend(GPUTarget("cuda", arch, 32)).parse_options({})
+        return "fp8e4nv" in opts.supported_fp8_dtypes
+    except Exception:  # pragma: no cover - another Triton layout
+        return arch >= 89
+
+
 def on_hopper(device: torch.device) -> bool:
     """Whether ``device`` is an NVIDIA Hopper GPU (compute capability 9.x) and the Triton interpreter is
     off: where the Gluon kernels (``dsa.*.kernel_sm90``) may serve a call. ROCm GPUs, which PyTorch also

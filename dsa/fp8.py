@@ -1,8 +1,15 @@
 """fp8 e4m3fn quantisation shared by every writer (MLA cache, indexer cache, indexer q):
-the PyTorch form (references) and the Triton form (kernels), defined once.
+the PyTorch form (references) and the Triton form (kernels), defined once; and the e4m3fn
+conversions of the portable kernels, native or in software.
 
 scale = max(amax, FP8_AMAX_EPS) / 448 with IEEE division, rounded up to a power of two
 (exact bit arithmetic) for ue8m0 scales; q = fp8(clamp(x / scale, +-448)), round to nearest even.
+
+Where Triton has no e4m3fn type (NVIDIA Ampere, :func:`dsa.backend.fp8_native` False) the kernels take
+fp8 tensors as their bytes (uint8) and a constexpr ``HW`` False selects the software forms below:
+:func:`tl_e4m3_to_f16` (exact: every e4m3fn value is an f16) and :func:`tl_e4m3_from_f32` (round to
+nearest even, saturating to +-448, NaN to 0x7F: the bits of the GPU's ``cvt.rn.satfinite``). fp8
+products then run in f16 with fp32 accumulation: the same exact products, summed in fp32.
 """
 from __future__ import annotations
 
@@ -50,12 +57,59 @@ def tl_pow2_ceil(s):
 
 
 @triton.jit
-def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr):
+def tl_e4m3_to_f16(b):
+    """e4m3fn bytes (uint8) as f16, exactly; 0x7F / 0xFF (e4m3fn's NaN) as NaN. The 7 magnitude bits shifted
+    under f16's exponent field read as 2^-8 times the value (normal and subnormal alike), so one multiply by 2^8
+    (exact) finishes."""
+    u = b.to(tl.uint16)
+    mag = u & 0x7F
+    h = ((u & 0x80) << 8 | mag << 7).to(tl.float16, bitcast=True) * 256.0
+    return tl.where(mag == 0x7F, float("nan"), h)
+
+
+@triton.jit
+def tl_e4m3_from_f32(y):
+    """fp32 as e4m3fn bytes (uint8): round to nearest even, saturating to +-448 (+-inf too), NaN as 0x7F."""
+    a = tl.abs(y)
+    ab = a.to(tl.uint32, bitcast=True)
+    # normal results (|y| >= 2^-6): fp32's mantissa rounded to 3 bits (ties to even; a carry moves the exponent),
+    # the exponent rebiased from 127 to 7
+    normal = ((ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20).to(tl.int32) - (120 << 3)
+    # subnormal results: |y| * 2^9 rounded to an integer by the fp32 addition of 2^23 (ties to even); 8 is 2^-6
+    sub = ((a * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000)
+    m = tl.minimum(tl.where(a < 0.015625, sub, normal), 126)
+    sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
+    return tl.where(y != y, 127, m | sign).to(tl.uint8)
+
+
+@triton.jit
+def tl_fp8_operand(x, HW: tl.constexpr):
+    """An fp8 product operand as loaded: ``x`` itself where e4m3fn is native, else its bytes as f16 (exact)."""
+    if HW:
+        return x
+    else:
+        return tl_e4m3_to_f16(x)
+
+
+@triton.jit
+def tl_fp8_to_f32(x, HW: tl.constexpr):
+    """e4m3fn values (the fp8 type, or their bytes as uint8) as fp32."""
+    if HW:
+        if x.dtype == tl.uint8:
+            x = x.to(tl.float8e4nv, bitcast=True)
+        return x.to(tl.float32)
+    else:
+        return tl_e4m3_to_f16(x).to(tl.float32)
+
+
+@triton.jit
+def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, HW: tl.constexpr):
     """Quantise each row of ``x [R, G]`` fp32: returns (bytes [R, G] uint8, scale [R] fp32).
 
     scale = max(amax, eps) / 448 (IEEE division), rounded up to 2^k when UE8M0;
     q = fp8_e4m3fn(clamp(x / scale, +-448)), round to nearest even (IEEE division, or the exact
-    product with 2^-k for a power-of-two scale: the same bits).
+    product with 2^-k for a power-of-two scale: the same bits). ``HW``: Triton's e4m3fn cast, else
+    :func:`tl_e4m3_from_f32` (the same bits).
     """
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.div_rn(tl.maximum(amax, AMAX_EPS), FP8_MAX_)
@@ -68,5 +122,8 @@ def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: 
     else:
         y = tl.div_rn(x, scale[:, None])
     y = tl.minimum(tl.maximum(y, -FP8_MAX_), FP8_MAX_)
-    q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne")
-    return q.to(tl.uint8, bitcast=True), scale
+    if HW:
+        q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        q = tl_e4m3_from_f32(y)
+    return q, scale

@@ -34,3 +34,28 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+# The fp8 ops run twice: with Triton's e4m3fn type ("native") and with the software conversions that GPUs without
+# it (NVIDIA Ampere) take ("emulated", DSA_FP8_EMULATION=1; dsa.backend.fp8_native). The Gluon (Hopper) kernels
+# have no software path: their tests run once.
+FP8_MODULES = ("test_mqa_logits", "test_mla", "test_mla_cache", "test_indexer_cache", "test_indexer_prep")
+_NATIVE_ONLY = ("sm90", "bulk", "gluon", "hopper")
+
+
+def pytest_generate_tests(metafunc):
+    if "fp8_path" not in metafunc.fixturenames:
+        return
+    name = metafunc.function.__name__
+    if metafunc.module.__name__.rsplit(".", 1)[-1] in FP8_MODULES and not any(s in name for s in _NATIVE_ONLY):
+        metafunc.parametrize("fp8_path", ["native", "emulated"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def fp8_path(request, monkeypatch):
+    path = getattr(request, "param", "native")
+    if path == "emulated":
+        monkeypatch.setenv("DSA_FP8_EMULATION", "1")
+    else:
+        monkeypatch.delenv("DSA_FP8_EMULATION", raising=False)
+    return path

@@ -52,10 +52,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, next_power_of_2
+from .._host import cdiv, launch_fitting, next_power_of_2
 from .. import backend
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
+from ..fp8 import tl_fp8_to_f32
 from .epilogue import merge_weights, outputs, row_stats
 from .order import DEFAULT_BUCKETS, MAX_ORDER_TOPK, order_indices
 
@@ -69,19 +70,20 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
-                GROUP: tl.constexpr, IS_FP8: tl.constexpr):
+                GROUP: tl.constexpr, IS_FP8: tl.constexpr, FP8_HW: tl.constexpr):
     """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]``."""
     offs = g * GROUP + tl.arange(0, GROUP)
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
-        k = _dequant(k, tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0))
+        k = _dequant(k, tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0), FP8_HW)
     return k
 
 
 @triton.jit
-def _dequant(raw, sc):
-    """fp8 values ``[BLOCK_N, GROUP]`` times their per-row group scale ``[BLOCK_N]`` (fp32), as bf16."""
-    return (raw.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
+def _dequant(raw, sc, FP8_HW: tl.constexpr):
+    """fp8 values ``[BLOCK_N, GROUP]`` (e4m3fn, or their bytes without ``FP8_HW``) times their per-row group
+    scale ``[BLOCK_N]`` (fp32), as bf16."""
+    return (tl_fp8_to_f32(raw, FP8_HW) * sc[:, None]).to(tl.bfloat16)
 
 
 @triton.jit
@@ -151,7 +153,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, FP8_HW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
@@ -195,8 +197,9 @@ def _sparse_mla_fwd_kernel(
             r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n = _load_raw(nope_ptr, scale_ptr, rows_n, stride_nope, stride_scale,
                                                                valid_n, GROUP)
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0), _dequant(r1, s1),
-                                                       _dequant(r2, s2), _dequant(r3, s3), valid, sm_scale_log2,
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0, FP8_HW),
+                                                       _dequant(r1, s1, FP8_HW), _dequant(r2, s2, FP8_HW),
+                                                       _dequant(r3, s3, FP8_HW), valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
             valid = valid_n
             rows = rows_n
@@ -206,10 +209,14 @@ def _sparse_mla_fwd_kernel(
             valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
             # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8)
-            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8)
-            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8)
-            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8)
+            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8,
+                            FP8_HW)
+            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8,
+                            FP8_HW)
+            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8,
+                            FP8_HW)
+            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8,
+                            FP8_HW)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
 
@@ -354,6 +361,25 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
+
+def fitting_configs(cfg: dict) -> list:
+    """``cfg`` and smaller launch configurations of the portable kernel, for :func:`dsa._host.launch_fitting`:
+    one pipeline stage less at a time, then half the gathered rows per tile, then half the heads per program
+    (down to 16 of each). The H200's configurations need up to 217 KiB of shared memory; sm_86/89/120 GPUs
+    offer 99 KiB per block and MI300 64 KiB."""
+    out = [dict(cfg)]
+    c = dict(cfg)
+    while c["num_stages"] > 1:
+        c = dict(c, num_stages=c["num_stages"] - 1)
+        out.append(c)
+    while c["block_n"] > 16:
+        c = dict(c, block_n=c["block_n"] // 2)
+        out.append(c)
+    while c["block_h"] > 16:
+        c = dict(c, block_h=c["block_h"] // 2, num_warps=max(2, c["num_warps"] // 2))
+        out.append(c)
+    return out
+
 #: 16/32-head groups on sm_90: the Gluon kernel (:mod:`dsa.mla.kernel_sm90`, the gathered rows as the M
 #: dimension of both products; one program per SM), taken by default wherever it is supported. Measured on the
 #: H200 in one run (BENCHMARKS.md, sixth session; CUDA graphs, s_q 1, 32K contexts): fp8 h_q 16 at batch 64 58.5 us
@@ -449,6 +475,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     out, max_logits, lse = outputs(T, h_q, d_v, dev, out)
     if T == 0:
         return out, max_logits, lse
+    fp8_hw = backend.fp8_native(dev)
     if is_fp8:
         nope, scales, rope = fp8_ds_mla_views(kv)
         stride_scale = scales.stride(0)
@@ -462,61 +489,75 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         if cfg["block_h"] == 32 and T <= SM90_TWO_GROUPS_MAX_T:
             cfg["block_h"] = 16
     cfg.update(config or {})
-    bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
-    n_hg = cdiv(h_q, bh)
-    if num_splits is None:
-        num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn, cfg.get("per_sm"))
-    num_splits = max(1, min(int(num_splits), cdiv(max(topk, 1), bn)))
-    split_len = cdiv(cdiv(max(topk, 1), bn), num_splits) * bn
-    num_splits = cdiv(max(topk, 1), split_len)
-    if order is None:
-        order = order_pays(T, num_splits, topk, S, kv.shape[1] * kv.element_size())
-    if order:
-        indices = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order is True else int(order))
-    has_len = topk_length is not None
-    has_sink = attn_sink is not None
-    dummy = lse
-    common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
-                  GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
-                  num_warps=warps, num_stages=stages)
-    len_arg = topk_length if has_len else dummy
-    sink_arg = attn_sink if has_sink else dummy
-    args_in = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
-               indices, indices.stride(0), len_arg, sink_arg)
-    scale_log2 = float(sm_scale) * _LOG2E
-    # Hopper: the Gluon kernel for 64-head groups, and for 16/32-head groups with ``rows``
-    use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
-                and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
+    forced_splits = num_splits
 
-    def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split, cluster=0):
-        if use_sm90:
-            kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
-                               T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
-                               producer=cfg.get("producer"), pingpong=cfg.get("pingpong"), cluster=cluster,
-                               final=(out, out.stride(0), out.stride(1), max_logits, lse), num_sms=_num_sms(dev),
-                               persist=cfg.get("persist"))
-        else:
-            _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
-                                         T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
+    def run(cfg):
+        bh, bn, warps, stages = cfg["block_h"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
+        n_hg = cdiv(h_q, bh)
+        num_splits = forced_splits
+        if num_splits is None:
+            num_splits = choose_num_splits(T, n_hg, topk, _num_sms(dev), bn, cfg.get("per_sm"))
+        num_splits = max(1, min(int(num_splits), cdiv(max(topk, 1), bn)))
+        split_len = cdiv(cdiv(max(topk, 1), bn), num_splits) * bn
+        num_splits = cdiv(max(topk, 1), split_len)
+        order_ = order
+        if order_ is None:
+            order_ = order_pays(T, num_splits, topk, S, kv.shape[1] * kv.element_size())
+        idx = indices
+        if order_:
+            idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_))
+        has_len = topk_length is not None
+        has_sink = attn_sink is not None
+        dummy = lse
+        common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
+                      GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
+                      FP8_HW=fp8_hw,
+                      num_warps=warps, num_stages=stages)
+        len_arg = topk_length if has_len else dummy
+        sink_arg = attn_sink if has_sink else dummy
+        # without Triton's e4m3fn type (fp8_native False) the portable kernel takes the fp8 values as bytes
+        nope_in = nope.view(torch.uint8) if is_fp8 and not fp8_hw else nope
+        args_in = (q, q.stride(0), q.stride(1), nope_in, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
+                   idx, idx.stride(0), len_arg, sink_arg)
+        scale_log2 = float(sm_scale) * _LOG2E
+        # Hopper: the Gluon kernel for 64-head groups, and for 16/32-head groups with ``rows``
+        use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
+                    and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
 
-    if num_splits == 1:
-        fwd((T * n_hg, 1), out, out.stride(0), out.stride(1), 0, max_logits, lse, False)
+        def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split, cluster=0):
+            if use_sm90:
+                kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, idx, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
+                                   T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
+                                   producer=cfg.get("producer"), pingpong=cfg.get("pingpong"), cluster=cluster,
+                                   final=(out, out.stride(0), out.stride(1), max_logits, lse), num_sms=_num_sms(dev),
+                                   persist=cfg.get("persist"))
+            else:
+                _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
+                                             T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
+
+        if num_splits == 1:
+            fwd((T * n_hg, 1), out, out.stride(0), out.stride(1), 0, max_logits, lse, False)
+            return out, max_logits, lse
+        cluster = 0
+        if use_sm90 and cfg.get("cluster", True) is not False:
+            dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+            cluster = cluster_size(num_splits, T * n_hg, bh, _num_sms(dev), force=cfg.get("cluster") is True,
+                                   max_clusters=lambda n: kernel_sm90.max_active_clusters(n, dev_index))
+        ns_alloc = max(num_splits, cluster)
+        o_part = torch.empty(ns_alloc, T, h_q, d_v, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
+        ml_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
+        if cluster:  # the splits of each (token, head group) as one cluster, merged inside the kernel
+            fwd((T * n_hg, 1), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True, cluster)
+            return out, max_logits, lse
+        fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
+        mc = combine_config(T, h_q, num_splits, d_v)
+        _sparse_mla_combine_kernel[(T, cdiv(h_q, mc["BLOCK_H"]), cdiv(d_v, mc["DC"]))](
+            o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
+            max_logits, lse, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, **mc)
         return out, max_logits, lse
-    cluster = 0
-    if use_sm90 and cfg.get("cluster", True) is not False:
-        dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
-        cluster = cluster_size(num_splits, T * n_hg, bh, _num_sms(dev), force=cfg.get("cluster") is True,
-                               max_clusters=lambda n: kernel_sm90.max_active_clusters(n, dev_index))
-    ns_alloc = max(num_splits, cluster)
-    o_part = torch.empty(ns_alloc, T, h_q, d_v, dtype=torch.float32, device=dev)
-    lse_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
-    ml_part = torch.empty(ns_alloc, T, h_q, dtype=torch.float32, device=dev)
-    if cluster:  # the splits of each (token, head group) as one cluster, merged inside the kernel
-        fwd((T * n_hg, 1), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True, cluster)
-        return out, max_logits, lse
-    fwd((T * n_hg, num_splits), o_part, h_q * d_v, d_v, T * h_q * d_v, ml_part, lse_part, True)
-    mc = combine_config(T, h_q, num_splits, d_v)
-    _sparse_mla_combine_kernel[(T, cdiv(h_q, mc["BLOCK_H"]), cdiv(d_v, mc["DC"]))](
-        o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
-        max_logits, lse, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, **mc)
-    return out, max_logits, lse
+
+    if config:  # (tests, benchmarks) as given
+        return run(cfg)
+    # the H200's configuration first; on GPUs with less shared memory, fewer stages, then smaller tiles
+    return launch_fitting(("sparse_mla", dev, is_fp8, tuple(sorted(cfg.items()))), fitting_configs(cfg), run)

@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from .._host import cdiv, next_power_of_2
-from ..backend import interpreter_on, num_sms
+from ..backend import compiled_nvidia, num_sms, nvidia_options
 from ..metadata.kernel import global_slot
 
 MAX_K = 8192  # largest supported k (register tiles of up to 16384 candidates)
@@ -526,8 +526,8 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _ptx_ok(device: torch.device) -> bool:
-    """Whether kernels may use inline PTX: a CUDA device, compiled (not the CPU interpreter)."""
-    return device.type == "cuda" and torch.version.hip is None and not interpreter_on()
+    """Whether kernels may use inline PTX: an NVIDIA GPU, compiled (not ROCm, not the CPU interpreter)."""
+    return compiled_nvidia(device)
 
 
 def _alignment(logits: torch.Tensor) -> int:
@@ -596,7 +596,7 @@ def top_k_indices_launch(
     else:
         starts = ends = seq = seq_lens
         seq_stride = seq_lens.stride(0) if seq_lens.dim() == 2 else 1
-    extra = {} if cfg.maxnreg is None or dev.type != "cuda" or splits != 1 else {"maxnreg": cfg.maxnreg}
+    extra = nvidia_options(dev, maxnreg=cfg.maxnreg if splits == 1 else None)
     common = (logits, logits.stride(0), N, starts, ends, seq, seq_stride, next_n, k)
     consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch, ASM=cfg.ptx and _ptx_ok(dev), num_stages=1, **extra)
     slots = block_table is not None
