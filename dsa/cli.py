@@ -72,7 +72,24 @@ def cmd_info(args) -> int:
     print(f"dsa {__import__('dsa').__version__}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"auto backend: {backend.describe()}")
     print(f"Hopper kernels (Gluon): {_hopper_kernels()}")
+    print(f"fp8 e4m3fn in the portable kernels: {_fp8_path()}")
     return 0
+
+
+def _fp8_path() -> str:
+    """How the portable kernels handle e4m3fn here (:func:`dsa.backend.fp8_native`)."""
+    import os
+
+    import torch
+
+    from .backend import FP8_EMULATION_ENV, fp8_native
+
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if fp8_native(dev):
+        return "native (Triton's e4m3fn type)"
+    if os.environ.get(FP8_EMULATION_ENV, "0") not in ("", "0"):
+        return f"software conversions ({FP8_EMULATION_ENV} is set)"
+    return "software conversions (Triton has no e4m3fn type on this GPU)"
 
 
 def _hopper_kernels() -> str:

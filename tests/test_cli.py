@@ -90,6 +90,7 @@ def test_console_entry_point_info():
     out = subprocess.run([sys.executable, "-m", "dsa", "info"], capture_output=True, text=True, check=True).stdout
     assert "auto backend" in out
     assert "Hopper kernels (Gluon): " in out
+    assert "fp8 e4m3fn in the portable kernels: " in out
 
 
 def test_bad_arguments_are_clear(capsys):
