@@ -504,6 +504,47 @@ def test_gpu_large(kv_format, shape):
         assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format} ns={ns}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["bf16"])  # (the bf16 rows are what Triton pipelines into shared memory)
+def test_gpu_launch_fitting_after_a_real_out_of_resources(kv_format):
+    """On the GPU: a portable configuration that needs more shared memory than the device has is refused by
+    Triton before it launches (OutOfResources, no CUDA error left behind), and :func:`dsa._host.launch_fitting`
+    takes the next one, whose result is right."""
+    from triton.runtime.errors import OutOfResources
+
+    from dsa._host import launch_fitting
+    from dsa.mla.kernel import default_config, fitting_configs
+
+    T, H, topk, S = 6, 64, 700, 5000
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, kv_format, seed=3, with_len=True, with_sink=True)
+    cfg = dict(default_config(H, kv_format != "bf16"), gluon=False)
+    too_big = dict(cfg, num_stages=6)  # five tiles of 64 gathered rows in flight: far past 227 KiB
+    tried = []
+
+    def launch(c):
+        tried.append(c)
+        return sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, config=c)
+
+    got = launch_fitting(("test", kv_format, "too big"), [too_big, *fitting_configs(cfg)], launch)
+    assert tried[0] is too_big and len(tried) == 2
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, S), kv_format)
+    with pytest.raises(OutOfResources):
+        launch(too_big)
+    torch.cuda.synchronize()  # nothing was launched: no error pending
+
+
+def test_fitting_configs_shrink_to_16():
+    from dsa.mla.kernel import default_config, fitting_configs
+
+    cands = fitting_configs(default_config(128, False))
+    assert cands[0] == default_config(128, False)
+    assert [c["num_stages"] for c in cands[:3]] == [3, 2, 1]
+    last = cands[-1]
+    assert (last["num_stages"], last["block_n"], last["block_h"]) == (1, 16, 16)
+    assert all(c["num_warps"] >= 2 for c in cands)
+
+
 def _sm90_or_skip():
     from dsa.mla import kernel_sm90
 
