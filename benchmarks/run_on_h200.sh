@@ -2,7 +2,8 @@
 # One device call that checks and measures everything (248 s on an H200 at 1f192b3, before dsa bench had the
 # small-head rows):
 #   1. the whole test suite with the GPU shapes (pytest-xdist and hypothesis carried as wheels
-#      in .whl/ when the machine lacks them; see the device tool's README),
+#      in .whl/ when the machine lacks them; see the device tool's README), the fp8 ops on both e4m3fn paths,
+#      without the cross-target compile tests,
 #   2. `dsa run` on the default GPU workload (Triton ops, CUDA-graph decode), first with an empty
 #      Triton cache (its report counts the kernel variants compiled inside the timed run: 0 when the
 #      warm-up covered them), then again,
@@ -24,8 +25,9 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 N=${WORKERS:-8}
+# (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
 timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
-  > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
+  -k "not portable_kernels_compile_and_fit" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
 TRITON_CACHE_DIR=/tmp/triton_cache_empty timeout 200 python3 -m dsa run --no-progress > "$OUT/run_triton_cold.txt" 2>&1
 echo "run rc=$?" >> "$OUT/run_triton_cold.txt"
 timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
