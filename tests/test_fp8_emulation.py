@@ -100,7 +100,7 @@ def test_launch_fitting_takes_the_first_that_fits(n_fit):
             raise OutOfResources(300000, 232448, "shared memory")
         return cfg * 10
 
-    key = ("test", n_fit)
+    key = ("test", n_fit, object())  # a key of its own
     assert launch_fitting(key, [0, 1, 2, 3], launch) == n_fit * 10
     assert tried == list(range(n_fit + 1))
     tried.clear()
