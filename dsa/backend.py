@@ -92,6 +92,19 @@ def fp8_native(device: torch.device) -> bool:
     return _nvidia_fp8(device.index if device.index is not None else torch.cuda.current_device())
 
 
+#: :func:`fp8_mode`'s values, the kernels' ``FP8_MODE`` constexpr
+FP8_NATIVE, FP8_SOFTWARE, FP8_SOFTWARE_PTX = 0, 1, 2
+
+
+def fp8_mode(device: torch.device) -> int:
+    """How the portable kernels handle e4m3fn on ``device``: :data:`FP8_NATIVE` (Triton's type), else in software
+    (:func:`fp8_native` False): :data:`FP8_SOFTWARE_PTX` where compiled for NVIDIA (the bytes unpacked four at a
+    time by ``prmt`` in inline PTX), :data:`FP8_SOFTWARE` elsewhere (plain Triton operations: the CPU interpreter)."""
+    if fp8_native(device):
+        return FP8_NATIVE
+    return FP8_SOFTWARE_PTX if compiled_nvidia(device) else FP8_SOFTWARE
+
+
 @functools.lru_cache(maxsize=None)
 def _nvidia_fp8(device_index: int) -> bool:
     major, minor = torch.cuda.get_device_capability(device_index)

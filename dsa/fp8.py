@@ -6,7 +6,7 @@ scale = max(amax, FP8_AMAX_EPS) / 448 with IEEE division, rounded up to a power 
 (exact bit arithmetic) for ue8m0 scales; q = fp8(clamp(x / scale, +-448)), round to nearest even.
 
 Where Triton has no e4m3fn type (NVIDIA Ampere, :func:`dsa.backend.fp8_native` False) the kernels take
-fp8 tensors as their bytes (uint8) and a constexpr ``HW`` False selects the software forms below:
+fp8 tensors as their bytes (uint8) and a constexpr ``MODE`` (:func:`dsa.backend.fp8_mode`) selects the software forms below:
 :func:`tl_e4m3_to_f16` (exact: every e4m3fn value is an f16) and :func:`tl_e4m3_from_f32` (round to
 nearest even, saturating to +-448, NaN to 0x7F: the bits of the GPU's ``cvt.rn.satfinite``). fp8
 products then run in f16 with fp32 accumulation: the same exact products, summed in fp32.
@@ -56,15 +56,26 @@ def tl_pow2_ceil(s):
     return bits.to(tl.float32, bitcast=True)
 
 
+# four e4m3fn bytes (one 32-bit register) -> four f16 of 2^-8 times their values (two registers of f16x2): each byte
+# moved to the top of its 16-bit lane (prmt), then (b << 8) - ((b << 8) >> 1 & 0x3F80) = sign << 15 | magnitude << 7
+_E4M3X4_F16 = tl.constexpr("{ .reg .b32 t, m; "
+                           "prmt.b32 t, $2, 0, 0x1404; shr.b32 m, t, 1; and.b32 m, m, 0x3F803F80; sub.u32 $0, t, m; "
+                           "prmt.b32 t, $2, 0, 0x3424; shr.b32 m, t, 1; and.b32 m, m, 0x3F803F80; sub.u32 $1, t, m; }")
+
+
 @triton.jit
-def tl_e4m3_to_f16(b):
-    """e4m3fn bytes (uint8) as f16, exactly; 0x7F / 0xFF (e4m3fn's NaN) as NaN. The 7 magnitude bits shifted
-    under f16's exponent field read as 2^-8 times the value (normal and subnormal alike), so one multiply by 2^8
-    (exact) finishes."""
-    u = b.to(tl.uint16)
-    mag = u & 0x7F
-    h = ((u & 0x80) << 8 | mag << 7).to(tl.float16, bitcast=True) * 256.0
-    return tl.where(mag == 0x7F, float("nan"), h)
+def tl_e4m3_to_f16(b, PTX: tl.constexpr = False):
+    """e4m3fn bytes (uint8) as f16, exactly; 0x7F / 0xFF (e4m3fn's NaN) as NaN. The sign and the 7 magnitude bits
+    placed in f16's sign and under its exponent field read as 2^-8 times the value (normal and subnormal alike),
+    so one multiply by 2^8 (exact) finishes; a NaN byte then reads +-480, past every e4m3fn value. ``PTX`` (NVIDIA
+    only): the bits by inline PTX, four bytes per register (about a quarter of the instructions)."""
+    if PTX:
+        h = tl.inline_asm_elementwise(_E4M3X4_F16, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        u = b.to(tl.uint16)
+        h = ((u & 0x80) << 8 | (u & 0x7F) << 7).to(tl.float16, bitcast=True)
+    h = h * 256.0
+    return tl.where(tl.abs(h) > 448.0, float("nan"), h)
 
 
 @triton.jit
@@ -83,33 +94,34 @@ def tl_e4m3_from_f32(y):
 
 
 @triton.jit
-def tl_fp8_operand(x, HW: tl.constexpr):
-    """An fp8 product operand as loaded: ``x`` itself where e4m3fn is native, else its bytes as f16 (exact)."""
-    if HW:
+def tl_fp8_operand(x, MODE: tl.constexpr):
+    """An fp8 product operand as loaded: ``x`` itself where e4m3fn is native (``MODE`` 0, :func:`dsa.backend.fp8_mode`),
+    else its bytes as f16 (exact)."""
+    if MODE == 0:
         return x
     else:
-        return tl_e4m3_to_f16(x)
+        return tl_e4m3_to_f16(x, MODE == 2)
 
 
 @triton.jit
-def tl_fp8_to_f32(x, HW: tl.constexpr):
-    """e4m3fn values (the fp8 type, or their bytes as uint8) as fp32."""
-    if HW:
+def tl_fp8_to_f32(x, MODE: tl.constexpr):
+    """e4m3fn values (the fp8 type, or their bytes as uint8) as fp32 (``MODE``: :func:`dsa.backend.fp8_mode`)."""
+    if MODE == 0:
         if x.dtype == tl.uint8:
             x = x.to(tl.float8e4nv, bitcast=True)
         return x.to(tl.float32)
     else:
-        return tl_e4m3_to_f16(x).to(tl.float32)
+        return tl_e4m3_to_f16(x, MODE == 2).to(tl.float32)
 
 
 @triton.jit
-def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, HW: tl.constexpr):
+def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, MODE: tl.constexpr):
     """Quantise each row of ``x [R, G]`` fp32: returns (bytes [R, G] uint8, scale [R] fp32).
 
     scale = max(amax, eps) / 448 (IEEE division), rounded up to 2^k when UE8M0;
     q = fp8_e4m3fn(clamp(x / scale, +-448)), round to nearest even (IEEE division, or the exact
-    product with 2^-k for a power-of-two scale: the same bits). ``HW``: Triton's e4m3fn cast, else
-    :func:`tl_e4m3_from_f32` (the same bits).
+    product with 2^-k for a power-of-two scale: the same bits). ``MODE`` 0 (:func:`dsa.backend.fp8_mode`): Triton's
+    e4m3fn cast, else :func:`tl_e4m3_from_f32` (the same bits).
     """
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.div_rn(tl.maximum(amax, AMAX_EPS), FP8_MAX_)
@@ -122,7 +134,7 @@ def tl_quant_fp8_rows(x, UE8M0: tl.constexpr, FP8_MAX_: tl.constexpr, AMAX_EPS: 
     else:
         y = tl.div_rn(x, scale[:, None])
     y = tl.minimum(tl.maximum(y, -FP8_MAX_), FP8_MAX_)
-    if HW:
+    if MODE == 0:
         q = tl.cast(y, tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
         q = tl_e4m3_from_f32(y)

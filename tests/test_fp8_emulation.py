@@ -38,6 +38,27 @@ def test_decode_every_byte():
     assert torch.equal(out.view(torch.int16)[~nan], ref.view(torch.int16)[~nan])
 
 
+@triton.jit
+def _decode_ptx_kernel(b_ptr, o_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(o_ptr + i, tl_e4m3_to_f16(tl.load(b_ptr + i), True))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_ptx_every_byte():
+    """The inline-PTX form (NVIDIA; four bytes per register) gives the same bits as torch for all 256 bytes, in
+    every position of the register (the bytes rotated through the four lanes)."""
+    if not backend.compiled_nvidia(torch.device("cuda")):
+        pytest.skip("inline PTX: NVIDIA only")
+    for shift in range(4):
+        b = torch.roll(torch.arange(256, dtype=torch.uint8, device="cuda"), shift)
+        out = torch.full((256,), 7.0, dtype=torch.float16, device="cuda")
+        _decode_ptx_kernel[(1,)](b, out, N=256)
+        ref = b.view(torch.float8_e4m3fn).to(torch.float16)
+        nan = ref.isnan()
+        assert torch.equal(out.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]) and bool(out[nan].isnan().all())
+
+
 def _encode(x: torch.Tensor) -> torch.Tensor:
     out = torch.full(x.shape, 0xA5, dtype=torch.uint8, device=x.device)
     _encode_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
@@ -84,6 +105,12 @@ def test_nvidia_only_options(monkeypatch):
     assert backend.nvidia_options(cuda, maxnreg=128) == {}
     assert not backend.compiled_nvidia(cuda)
     assert backend.fp8_native(cuda)  # Triton types e4m3fn on AMD GPUs
+    assert backend.fp8_mode(cuda) == backend.FP8_NATIVE
+    monkeypatch.setenv(backend.FP8_EMULATION_ENV, "1")
+    assert backend.fp8_mode(cuda) == backend.FP8_SOFTWARE  # no inline PTX on ROCm
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert backend.fp8_mode(cuda) == backend.FP8_SOFTWARE_PTX
+    assert backend.fp8_mode(torch.device("cpu")) == backend.FP8_SOFTWARE
 
 
 @pytest.mark.parametrize("n_fit", [0, 1, 3])

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .._host import cdiv
-from ..backend import fp8_native
+from ..backend import fp8_mode
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_HEAD_DIM
 from ..fp8 import tl_quant_fp8_rows
 
@@ -40,7 +40,7 @@ def _indexer_k_quant_kernel(
     n_tokens, n_slots, block_size,
     stride_k, stride_vb, stride_vo, stride_sb,
     HAS_SLOTS: tl.constexpr, UE8M0: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr,
-    FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_HW: tl.constexpr,
+    FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
@@ -55,7 +55,7 @@ def _indexer_k_quant_kernel(
     off = slot - blk * block_size
     d = tl.arange(0, D)
     x = tl.load(k_ptr + t[:, None] * stride_k + d[None, :], mask=ok[:, None], other=0.0)
-    q, scale = tl_quant_fp8_rows(x.to(tl.float32), UE8M0, FP8_MAX_, AMAX_EPS, FP8_HW)
+    q, scale = tl_quant_fp8_rows(x.to(tl.float32), UE8M0, FP8_MAX_, AMAX_EPS, FP8_MODE)
     tl.store(val_ptr + (blk * stride_vb + off * stride_vo)[:, None] + d[None, :], q, mask=ok[:, None])
     tl.store(scale_ptr + blk * stride_sb + off, scale, mask=ok)
 
@@ -118,7 +118,7 @@ def indexer_k_quant_and_cache_launch(k, cache_blocks, slot_mapping, ue8m0: bool)
         n, nb * bs, bs,
         k.stride(0), values.stride(0), values.stride(1), scales.stride(0),
         HAS_SLOTS=True, UE8M0=ue8m0, BLOCK_T=cfg["BLOCK_T"], D=INDEXER_HEAD_DIM,
-        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_HW=fp8_native(k.device), num_warps=cfg["num_warps"],
+        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_MODE=fp8_mode(k.device), num_warps=cfg["num_warps"],
     )
 
 
@@ -133,7 +133,7 @@ def indexer_k_quant_launch(k, out_k, out_s, ue8m0: bool) -> None:
         n, n, 1,
         k.stride(0), out_k.stride(0), 0, out_s.stride(0),
         HAS_SLOTS=False, UE8M0=ue8m0, BLOCK_T=cfg["BLOCK_T"], D=INDEXER_HEAD_DIM,
-        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_HW=fp8_native(k.device), num_warps=cfg["num_warps"],
+        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_MODE=fp8_mode(k.device), num_warps=cfg["num_warps"],
     )
 
 

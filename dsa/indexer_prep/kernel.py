@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._host import cdiv
-from ..backend import fp8_native, interpreter_on, num_sms
+from ..backend import fp8_mode, interpreter_on, num_sms
 from ..constants import FP8_AMAX_EPS, FP8_MAX, INDEXER_ROPE_DIM
 from ..fp8 import tl_quant_fp8_rows
 from .reference import HADAMARD_SCALE, HEAD_SCALE, SOFTMAX_SCALE
@@ -89,7 +89,7 @@ def _prep_q_kernel(
     softmax_scale, head_scale, hadamard_scale,
     H: tl.constexpr, D: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, HADAMARD: tl.constexpr, UE8M0: tl.constexpr, WRITE_SCALE: tl.constexpr,
-    FP8_MAX_C: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_HW: tl.constexpr,
+    FP8_MAX_C: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     d, partner, pair, neg, is_rope = _rope_columns(D, ROPE_DIM, INTERLEAVED)
     if HADAMARD:
@@ -109,7 +109,7 @@ def _prep_q_kernel(
         y = _rope(x, xp, c[None, :], s[None, :], neg[None, :], is_rope[None, :])
         if HADAMARD:
             y = tl.dot(y.to(tl.bfloat16), hm, out_dtype=tl.float32) * hadamard_scale
-        q8, scale = tl_quant_fp8_rows(y, UE8M0, FP8_MAX_C, AMAX_EPS, FP8_HW)  # one scale per head row
+        q8, scale = tl_quant_fp8_rows(y, UE8M0, FP8_MAX_C, AMAX_EPS, FP8_MODE)  # one scale per head row
         tl.store(qo_ptr + t * s_ot + h[:, None].to(tl.int64) * s_oh + d[None, :], q8)  # the bytes (uint8 view)
         w = tl.load(w_ptr + t * s_wt + h * s_wh).to(tl.float32)
         wo = w * scale * softmax_scale * head_scale
@@ -189,7 +189,7 @@ def prepare_indexer_q_triton(q, cos, sin, weights, q_out, w_out, scale_out, *, i
         SOFTMAX_SCALE, HEAD_SCALE, HADAMARD_SCALE,
         H=H, D=D, ROPE_DIM=INDEXER_ROPE_DIM, BLOCK_H=BLOCK_H,
         INTERLEAVED=bool(interleaved), HADAMARD=bool(hadamard), UE8M0=scale_fmt == "ue8m0",
-        WRITE_SCALE=scale_out is not None, FP8_MAX_C=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_HW=fp8_native(q.device),
+        WRITE_SCALE=scale_out is not None, FP8_MAX_C=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_MODE=fp8_mode(q.device),
         num_warps=num_warps, enable_fp_fusion=False,
     )
 

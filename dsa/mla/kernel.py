@@ -70,20 +70,20 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: tl.constexpr,
-                GROUP: tl.constexpr, IS_FP8: tl.constexpr, FP8_HW: tl.constexpr):
+                GROUP: tl.constexpr, IS_FP8: tl.constexpr, FP8_MODE: tl.constexpr):
     """Cache values ``[g*GROUP, (g+1)*GROUP)`` of the gathered rows as bf16 ``[BLOCK_N, GROUP]``."""
     offs = g * GROUP + tl.arange(0, GROUP)
     k = tl.load(nope_ptr + rows[:, None] * stride_nope + offs[None, :], mask=valid[:, None], other=0.0)
     if IS_FP8:
-        k = _dequant(k, tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0), FP8_HW)
+        k = _dequant(k, tl.load(scale_ptr + rows * stride_scale + g, mask=valid, other=0.0), FP8_MODE)
     return k
 
 
 @triton.jit
-def _dequant(raw, sc, FP8_HW: tl.constexpr):
-    """fp8 values ``[BLOCK_N, GROUP]`` (e4m3fn, or their bytes without ``FP8_HW``) times their per-row group
+def _dequant(raw, sc, FP8_MODE: tl.constexpr):
+    """fp8 values ``[BLOCK_N, GROUP]`` (e4m3fn, or their bytes: ``FP8_MODE`` of :func:`dsa.backend.fp8_mode`) times their per-row group
     scale ``[BLOCK_N]`` (fp32), as bf16."""
-    return (tl_fp8_to_f32(raw, FP8_HW) * sc[:, None]).to(tl.bfloat16)
+    return (tl_fp8_to_f32(raw, FP8_MODE) * sc[:, None]).to(tl.bfloat16)
 
 
 @triton.jit
@@ -153,7 +153,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, FP8_HW: tl.constexpr,
+    GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
@@ -197,9 +197,9 @@ def _sparse_mla_fwd_kernel(
             r0n, r1n, r2n, r3n, s0n, s1n, s2n, s3n = _load_raw(nope_ptr, scale_ptr, rows_n, stride_nope, stride_scale,
                                                                valid_n, GROUP)
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0, FP8_HW),
-                                                       _dequant(r1, s1, FP8_HW), _dequant(r2, s2, FP8_HW),
-                                                       _dequant(r3, s3, FP8_HW), valid, sm_scale_log2,
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, _dequant(r0, s0, FP8_MODE),
+                                                       _dequant(r1, s1, FP8_MODE), _dequant(r2, s2, FP8_MODE),
+                                                       _dequant(r3, s3, FP8_MODE), valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
             valid = valid_n
             rows = rows_n
@@ -210,13 +210,13 @@ def _sparse_mla_fwd_kernel(
             # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
             k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8,
-                            FP8_HW)
+                            FP8_MODE)
             k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8,
-                            FP8_HW)
+                            FP8_MODE)
             k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8,
-                            FP8_HW)
+                            FP8_MODE)
             k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8,
-                            FP8_HW)
+                            FP8_MODE)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
 
@@ -475,7 +475,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     out, max_logits, lse = outputs(T, h_q, d_v, dev, out)
     if T == 0:
         return out, max_logits, lse
-    fp8_hw = backend.fp8_native(dev)
+    fp8_mode = backend.fp8_mode(dev)
     if is_fp8:
         nope, scales, rope = fp8_ds_mla_views(kv)
         stride_scale = scales.stride(0)
@@ -511,12 +511,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         dummy = lse
         common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
                       GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
-                      FP8_HW=fp8_hw,
+                      FP8_MODE=fp8_mode,
                       num_warps=warps, num_stages=stages)
         len_arg = topk_length if has_len else dummy
         sink_arg = attn_sink if has_sink else dummy
         # without Triton's e4m3fn type (fp8_native False) the portable kernel takes the fp8 values as bytes
-        nope_in = nope.view(torch.uint8) if is_fp8 and not fp8_hw else nope
+        nope_in = nope.view(torch.uint8) if is_fp8 and fp8_mode else nope
         args_in = (q, q.stride(0), q.stride(1), nope_in, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                    idx, idx.stride(0), len_arg, sink_arg)
         scale_log2 = float(sm_scale) * _LOG2E

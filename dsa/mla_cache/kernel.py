@@ -27,7 +27,7 @@ from ..constants import (
     KV_LORA_RANK,
     ROPE_DIM,
 )
-from ..backend import fp8_native
+from ..backend import fp8_mode
 from ..fp8 import tl_fp8_to_f32, tl_quant_fp8_rows
 from ..layouts import fp8_ds_mla_views
 
@@ -56,7 +56,7 @@ def _mla_cache_write_kernel(
     stride_ckv, stride_kpe, stride_val, stride_scale, stride_rope,
     FP8: tl.constexpr, HAS_SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr,
-    FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_HW: tl.constexpr,
+    FP8_MAX_: tl.constexpr, AMAX_EPS: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
@@ -73,7 +73,7 @@ def _mla_cache_write_kernel(
         x = tl.load(ckv_ptr + t[:, None] * stride_ckv + cols[None, :], mask=ok2, other=0.0)
         dst = val_ptr + slot[:, None] * stride_val + cols[None, :]
         if FP8:
-            q, scale = tl_quant_fp8_rows(x.to(tl.float32), True, FP8_MAX_, AMAX_EPS, FP8_HW)
+            q, scale = tl_quant_fp8_rows(x.to(tl.float32), True, FP8_MAX_, AMAX_EPS, FP8_MODE)
             tl.store(dst, q, mask=ok2)
             tl.store(scale_ptr + slot * stride_scale + g, scale, mask=ok)
         else:
@@ -87,7 +87,7 @@ def _mla_cache_write_kernel(
 def _fp8_ds_mla_read_kernel(
     val_ptr, scale_ptr, rope_ptr, out_ptr,
     n_rows, stride_val, stride_scale, stride_rope, stride_out,
-    BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr, FP8_HW: tl.constexpr,
+    BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
@@ -98,7 +98,7 @@ def _fp8_ds_mla_read_kernel(
         cols = g * GROUP + d
         b = tl.load(val_ptr + i[:, None] * stride_val + cols[None, :], mask=ok2, other=0)
         s = tl.load(scale_ptr + i * stride_scale + g, mask=ok, other=0.0)
-        v = tl_fp8_to_f32(b, FP8_HW) * s[:, None]
+        v = tl_fp8_to_f32(b, FP8_MODE) * s[:, None]
         tl.store(out_ptr + i[:, None] * stride_out + cols[None, :], v.to(tl.bfloat16), mask=ok2)
     r = tl.arange(0, ROPE)
     pe = tl.load(rope_ptr + i[:, None] * stride_rope + r[None, :], mask=ok2, other=0.0)
@@ -125,7 +125,7 @@ def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
         c_kv.stride(0), k_pe.stride(0), values.stride(0), scales.stride(0), rope.stride(0),
         FP8=fp8, HAS_SLOTS=slot_mapping is not None, BLOCK_T=cfg["BLOCK_T"],
         GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
-        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_HW=fp8_native(c_kv.device),
+        FP8_MAX_=FP8_MAX, AMAX_EPS=FP8_AMAX_EPS, FP8_MODE=fp8_mode(c_kv.device),
         num_warps=cfg["num_warps"],
     )
 
@@ -142,5 +142,5 @@ def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor) -> None:
         values.view(torch.uint8), scales, rope, out,
         n, values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),
         BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
-        FP8_HW=fp8_native(rows.device), num_warps=cfg["num_warps"],
+        FP8_MODE=fp8_mode(rows.device), num_warps=cfg["num_warps"],
     )

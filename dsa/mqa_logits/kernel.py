@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - a Triton without Gluon
     kernel_sm90 = None
 
 from .._host import cdiv, next_power_of_2
-from ..backend import fp8_native, interpreter_on, nvidia_options
+from ..backend import fp8_mode, interpreter_on, nvidia_options
 from ..constants import INDEXER_ROW_BYTES
 from ..fp8 import tl_fp8_operand
 
@@ -67,7 +67,7 @@ def _mqa_logits_kernel(
     stride_qm, stride_qh, stride_km, stride_ks, stride_wm, stride_om,
     H: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
-    CLEAN: tl.constexpr, FP8_HW: tl.constexpr,
+    CLEAN: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -115,14 +115,14 @@ def _mqa_logits_kernel(
     q_off = q_row.to(tl.int64) * stride_qm + q_head * stride_qh
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [R, D]
     w = tl.load(w_ptr + q_row.to(tl.int64) * stride_wm + q_head, mask=q_ok, other=0.0)  # [R]
-    qT = tl.trans(tl_fp8_operand(q, FP8_HW))  # [D, R]
+    qT = tl.trans(tl_fp8_operand(q, FP8_MODE))  # [D, R]
 
     for n0 in range(c_lo, c_hi, BLOCK_N):
         n = n0 + offs_n
         n_ok = n < c_hi
         k = tl.load(k_ptr + n.to(tl.int64)[:, None] * stride_km + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         k_scale = tl.load(k_scale_ptr + n.to(tl.int64) * stride_ks, mask=n_ok, other=0.0)
-        s = tl.dot(tl_fp8_operand(k, FP8_HW), qT)  # [BLOCK_N, R] fp32
+        s = tl.dot(tl_fp8_operand(k, FP8_MODE), qT)  # [BLOCK_N, R] fp32
         s = tl.maximum(s, 0.0) * w[None, :]
         logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_Q, H)), axis=2) * k_scale[:, None]  # [BLOCK_N, BLOCK_Q]
         if CLEAN:
@@ -165,14 +165,14 @@ def fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, cl
     cfg = _prefill_config(H, config)
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (cdiv(M, cfg["BLOCK_Q"]), cdiv(N, cfg["SPAN"]))
-    hw = fp8_native(q.device)
-    if not hw:  # no e4m3fn type in Triton here: the bytes, converted in the kernel
+    mode = fp8_mode(q.device)
+    if mode:  # no e4m3fn type in Triton here: the bytes, converted in the kernel
         q, k = q.view(torch.uint8), k.view(torch.uint8)
     _mqa_logits_kernel[grid](
         q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, out,
         M, N,
         q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0), out.stride(0),
-        H=H, D=D, CLEAN=bool(clean_logits), FP8_HW=hw, num_warps=num_warps, num_stages=num_stages, **cfg,
+        H=H, D=D, CLEAN=bool(clean_logits), FP8_MODE=mode, num_warps=num_warps, num_stages=num_stages, **cfg,
     )
     return out
 
@@ -188,7 +188,7 @@ def _paged_mqa_logits_kernel(
     NEXT_N: tl.constexpr, NEXT_N_PAD: tl.constexpr, CTX_2D: tl.constexpr,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_N: tl.constexpr, SPAN: tl.constexpr, CLEAN: tl.constexpr, PREFETCH: tl.constexpr,
-    NT: tl.constexpr, FP8_HW: tl.constexpr,
+    NT: tl.constexpr, FP8_MODE: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     b = tl.program_id(1)
@@ -232,7 +232,7 @@ def _paged_mqa_logits_kernel(
     q_off = b.to(tl.int64) * stride_qb + q_j * stride_qn + q_h * stride_qh
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [R, D]
     w = tl.load(w_ptr + (b * NEXT_N + q_j).to(tl.int64) * stride_wm + q_h, mask=q_ok, other=0.0)
-    qT = tl.trans(tl_fp8_operand(q, FP8_HW))
+    qT = tl.trans(tl_fp8_operand(q, FP8_MODE))
 
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH == 2:
@@ -248,7 +248,7 @@ def _paged_mqa_logits_kernel(
             k_a = _load_k(kv_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             sc_a = _load_scale(kv_scale_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             p_b = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_HW), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
     elif PREFETCH == 3:
         # Tiles inside one block only (TIB): the block-table entries of the whole span are loaded once,
@@ -267,7 +267,7 @@ def _paged_mqa_logits_kernel(
                         BLOCK_BYTES, TIB)
             sc_b = _load_scale(kv_scale_ptr, _pick(tab, offs_t, (s0 + BLOCK_N) // BS - blk_lo) + zero_n,
                                s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_HW), qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
             sc_a = sc_b
     else:
@@ -275,7 +275,7 @@ def _paged_mqa_logits_kernel(
             phys = _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB)
             k = _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_HW), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
                       NEXT_N_PAD, H, CLEAN)
 
 
@@ -416,9 +416,9 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
         cfg["PREFETCH"] = 0  # the span's table up front needs tiles inside one block
     # table entries one span meets (PREFETCH 3): one more when spans do not start on block boundaries
     cfg["NT"] = next_power_of_2(cdiv(cfg["SPAN"], bs) + (1 if cfg["SPAN"] % bs else 0))
-    hw = fp8_native(q.device)
-    kv = cache_blocks.view(torch.float8_e4m3fn) if hw else cache_blocks  # without e4m3fn in Triton: the bytes
-    q = q if hw else q.view(torch.uint8)
+    mode = fp8_mode(q.device)
+    kv = cache_blocks if mode else cache_blocks.view(torch.float8_e4m3fn)  # without e4m3fn in Triton: the bytes
+    q = q.view(torch.uint8) if mode else q
     kv_scale = cache_blocks.view(torch.float32)  # byte offset o -> element o // 4
     grid = (cdiv(max_context_len, cfg["SPAN"]), B)
     _paged_mqa_logits_kernel[grid](
@@ -427,7 +427,7 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), context_lens.stride(0), block_table.stride(0),
         out.stride(0),
         NEXT_N=next_n, NEXT_N_PAD=next_power_of_2(next_n), CTX_2D=context_lens.dim() == 2,
-        H=H, D=D, BS=bs, CLEAN=bool(clean_logits), FP8_HW=hw, num_warps=num_warps, num_stages=num_stages, **cfg,
+        H=H, D=D, BS=bs, CLEAN=bool(clean_logits), FP8_MODE=mode, num_warps=num_warps, num_stages=num_stages, **cfg,
     )
     return out
 
