@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 _PATCHED = False
+#: the Triton release whose interpreter these fixes are written for (3.5's differs in the tensor patching they
+#: wrap; 3.9's rejects some masks the kernels pass)
+INTERPRETER_TRITON = "3.6."
 
 
 def _torch_dtype(tt_dtype):
@@ -87,6 +90,14 @@ def patch_interpreter() -> bool:
         from triton.runtime import interpreter as interp
     except Exception:  # pragma: no cover - triton missing or changed
         return False
+    import triton
+
+    if not triton.__version__.startswith(INTERPRETER_TRITON):
+        import warnings
+
+        warnings.warn(f"dsa's fixes to Triton's CPU interpreter are written for Triton {INTERPRETER_TRITON}x; with "
+                      f"{triton.__version__} kernels under TRITON_INTERPRET=1 may fail or give wrong values "
+                      f"(pip install triton==3.6.0 for CPU runs)", RuntimeWarning, stacklevel=2)
     import triton.language as tl
 
     _BITS_STORED = (tl.bfloat16, tl.float8e4nv, tl.float8e5, tl.float8e4b8, tl.float8e5b16)

@@ -123,11 +123,35 @@ def _arch_has_e4m3(arch: int) -> bool:
         return arch >= 89
 
 
+#: the Triton release the Gluon (Hopper) kernels were written for and validated with (CI, the H200). Gluon is
+#: Triton's experimental dialect: its API and code generation change between releases (3.5 lacks parts of it; with
+#: 3.9 the kernels compile to other register and shared-memory budgets), so with any other release the portable
+#: kernels serve Hopper GPUs too. ``DSA_GLUON=1`` takes the Gluon kernels anyway, ``DSA_GLUON=0`` never.
+GLUON_TRITON = "3.6."
+GLUON_ENV = "DSA_GLUON"
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_validated() -> bool:
+    """Whether the installed Triton is the release the Gluon kernels were validated with (:data:`GLUON_TRITON`)."""
+    import triton
+
+    return triton.__version__.startswith(GLUON_TRITON)
+
+
+def gluon_enabled() -> bool:
+    """Whether the Gluon kernels may be used at all: :func:`gluon_validated`, unless ``DSA_GLUON`` says otherwise."""
+    env = os.environ.get(GLUON_ENV, "")
+    if env not in ("", "auto"):
+        return env not in ("0", "false", "False")
+    return gluon_validated()
+
+
 def on_hopper(device: torch.device) -> bool:
-    """Whether ``device`` is an NVIDIA Hopper GPU (compute capability 9.x) and the Triton interpreter is
-    off: where the Gluon kernels (``dsa.*.kernel_sm90``) may serve a call. ROCm GPUs, which PyTorch also
-    calls "cuda" (an MI300 reports capability 9.4), are not."""
-    if interpreter_on() or device.type != "cuda" or torch.version.hip is not None:
+    """Whether ``device`` is an NVIDIA Hopper GPU (compute capability 9.x), the Triton interpreter is off and
+    :func:`gluon_enabled`: where the Gluon kernels (``dsa.*.kernel_sm90``) may serve a call. ROCm GPUs, which
+    PyTorch also calls "cuda" (an MI300 reports capability 9.4), are not."""
+    if interpreter_on() or device.type != "cuda" or torch.version.hip is not None or not gluon_enabled():
         return False
     return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
 

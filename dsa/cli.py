@@ -95,6 +95,7 @@ def _fp8_path() -> str:
 def _hopper_kernels() -> str:
     """Whether the sm_90 Gluon kernels (sparse_mla, fp8_paged_mqa_logits) serve calls on this machine."""
     import torch
+    import triton
 
     from .backend import on_hopper
 
@@ -103,6 +104,13 @@ def _hopper_kernels() -> str:
         from .mqa_logits import kernel_sm90 as _  # noqa: F401
     except ImportError as e:  # a Triton without Gluon
         return f"unavailable ({e})"
+    from .backend import GLUON_TRITON, gluon_enabled, gluon_validated
+
+    if not gluon_enabled():
+        if gluon_validated():
+            return "off (DSA_GLUON=0): the portable Triton kernels run"
+        return (f"off: they are validated with Triton {GLUON_TRITON}x only (this is {triton.__version__}; "
+                f"DSA_GLUON=1 takes them anyway): the portable Triton kernels run")
     if not torch.cuda.is_available() or not on_hopper(torch.device("cuda")):
         return "not used here (no NVIDIA Hopper GPU, or the CPU interpreter: the portable Triton kernels run)"
     return "used for sparse_mla (64-head groups; 16/32-head groups) and fp8_paged_mqa_logits"

@@ -83,3 +83,33 @@ def test_num_sms_cached_and_none_off_cuda(monkeypatch):
         assert calls == [3]
     finally:
         B._sm_count.cache_clear()
+
+
+def test_gluon_kernels_only_with_their_triton(monkeypatch):
+    """The Gluon (Hopper) kernels serve only with the Triton release they are validated with, unless DSA_GLUON says
+    otherwise; with any other the portable kernels run."""
+    import triton
+
+    from dsa import backend
+
+    monkeypatch.delenv(backend.GLUON_ENV, raising=False)
+    backend.gluon_validated.cache_clear()
+    try:
+        monkeypatch.setattr(triton, "__version__", "3.9.0")
+        assert not backend.gluon_validated() and not backend.gluon_enabled()
+        monkeypatch.setenv(backend.GLUON_ENV, "1")
+        assert backend.gluon_enabled()
+        backend.gluon_validated.cache_clear()
+        monkeypatch.setattr(triton, "__version__", backend.GLUON_TRITON + "1")
+        monkeypatch.setenv(backend.GLUON_ENV, "0")
+        assert backend.gluon_validated() and not backend.gluon_enabled()
+        monkeypatch.delenv(backend.GLUON_ENV)
+        assert backend.gluon_enabled()
+        monkeypatch.setattr(backend, "interpreter_on", lambda: False)
+        monkeypatch.setattr(backend, "_capability_major", lambda i: 9)
+        monkeypatch.setattr(torch.version, "hip", None)
+        assert backend.on_hopper(torch.device("cuda", 0))
+        monkeypatch.setenv(backend.GLUON_ENV, "0")
+        assert not backend.on_hopper(torch.device("cuda", 0))
+    finally:
+        backend.gluon_validated.cache_clear()

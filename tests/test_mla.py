@@ -34,7 +34,7 @@ from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import SM90_TWO_GROUPS_MAX_T, block_h_for, choose_num_splits, sparse_mla_triton
-from utils import DEVICE, gen, poison_, record_launches, skip_unless_hopper
+from utils import DEVICE, gen, poison_, record_launches, skip_unless_gluon_triton, skip_unless_hopper
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
@@ -1027,6 +1027,7 @@ def test_sm90_cluster_variant_launch_metadata():
 
 
 def _compile_sm90(*args):
+    skip_unless_gluon_triton()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90, *args], env=env, capture_output=True, text=True,
                        timeout=600)

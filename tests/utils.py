@@ -25,6 +25,17 @@ def skip_unless_hopper():
         pytest.skip("the Gluon kernels are for NVIDIA sm_90")
 
 
+def skip_unless_gluon_triton():
+    """Skip a test of the Gluon kernels' compiled form unless the installed Triton is the release they are
+    validated with (:data:`dsa.backend.GLUON_TRITON`); with any other, ``dsa`` never uses them."""
+    import pytest
+
+    from dsa.backend import GLUON_TRITON, gluon_validated
+
+    if not gluon_validated():
+        pytest.skip(f"the Gluon kernels are validated with Triton {GLUON_TRITON}x only")
+
+
 def record_launches(monkeypatch, module, key: str | None = None) -> list:
     """Wrap ``module.launch`` so that every call appends its keyword argument ``key`` (or None); returns
     that list (tests use it to prove which kernel served a call)."""
@@ -89,6 +100,7 @@ def compiled_in_subprocess(body: str, prefixes: tuple, timeout: int = 900) -> di
     import sys
     import textwrap
 
+    skip_unless_gluon_triton()
     script = (f"import contextlib, io, json, sys\nsys.path.insert(0, {BENCHMARKS!r})\nimport bulk_gather as G\n"
               f"PRE = {tuple(prefixes)!r}\nout = {{}}\nwith contextlib.redirect_stdout(io.StringIO()):\n"
               + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\nprint(json.dumps(out))\n")
