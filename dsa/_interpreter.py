@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 _PATCHED = False
-#: the Triton release whose interpreter these fixes are written for (3.5's differs in the tensor patching they
-#: wrap; 3.9's rejects some masks the kernels pass)
-INTERPRETER_TRITON = "3.6."
+#: the Triton releases whose interpreter these fixes were checked with (the whole CPU suite: 3.6 in CI, 3.9 by hand);
+#: 3.5's interpreter wraps its tensors with another signature and the fixes fail there
+INTERPRETER_TRITON = ("3.6.", "3.9.")
 
 
 def _torch_dtype(tt_dtype):
@@ -95,7 +95,7 @@ def patch_interpreter() -> bool:
     if not triton.__version__.startswith(INTERPRETER_TRITON):
         import warnings
 
-        warnings.warn(f"dsa's fixes to Triton's CPU interpreter are written for Triton {INTERPRETER_TRITON}x; with "
+        warnings.warn(f"dsa's fixes to Triton's CPU interpreter were checked with Triton 3.6 and 3.9; with "
                       f"{triton.__version__} kernels under TRITON_INTERPRET=1 may fail or give wrong values "
                       f"(pip install triton==3.6.0 for CPU runs)", RuntimeWarning, stacklevel=2)
     import triton.language as tl
@@ -151,5 +151,25 @@ def patch_interpreter() -> bool:
         setattr(builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
     builder.create_fp_to_fp = create_fp_to_fp
     builder._dsa_original = {"create_dot": orig_dot, "cast_impl": orig_cast, "create_fp_to_fp": orig_fp_to_fp}
+
+    # Triton 3.9's interpreter keeps some comparisons of runtime scalars as int32, and a mask combined with one
+    # (``tile_mask & scalar_ok``) reaches loads and stores as int32, which its native load/store reject ("mask has
+    # unsupported dtype"). Compiled code treats any nonzero mask as true: so do these (a no-op on 3.6's bool masks).
+    def _bool_mask(mask):
+        if mask is not None and mask.data.dtype != np.bool_:
+            return interp.TensorHandle(mask.data != 0, tl.int1)
+        return mask
+
+    orig_load, orig_store = builder.create_masked_load, builder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, *args):
+        return orig_load(self, ptrs, _bool_mask(mask), *args)
+
+    def create_masked_store(self, ptrs, value, mask, *args):
+        return orig_store(self, ptrs, value, _bool_mask(mask), *args)
+
+    builder.create_masked_load = create_masked_load
+    builder.create_masked_store = create_masked_store
+    builder._dsa_original.update(create_masked_load=orig_load, create_masked_store=orig_store)
     _PATCHED = True
     return True

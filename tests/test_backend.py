@@ -39,6 +39,7 @@ def test_on_hopper_never_on_rocm_cpu_or_interpreter(monkeypatch):
 
     monkeypatch.setattr(B, "_capability_major", lambda i: 9)
     monkeypatch.setattr(B, "interpreter_on", lambda: False)
+    monkeypatch.setattr(B, "gluon_enabled", lambda: True)  # (the Triton release: test_gluon_kernels_only_with_their_triton)
     monkeypatch.setattr(torch.version, "hip", None)
     assert B.on_hopper(torch.device("cuda", 0))
     assert not B.on_hopper(torch.device("cpu"))
