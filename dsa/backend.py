@@ -78,6 +78,11 @@ def nvidia_options(device: torch.device, **options) -> dict:
 FP8_EMULATION_ENV = "DSA_FP8_EMULATION"
 
 
+def fp8_emulation_forced() -> bool:
+    """Whether ``DSA_FP8_EMULATION`` asks for the software e4m3fn path everywhere."""
+    return os.environ.get(FP8_EMULATION_ENV, "0") not in ("", "0")
+
+
 def fp8_native(device: torch.device) -> bool:
     """Whether Triton has the e4m3fn type on ``device``: the portable kernels then load, convert and multiply fp8
     natively. Triton types e4m3fn on NVIDIA GPUs of compute capability 8.9 and later and on AMD GPUs (and in the
@@ -85,7 +90,7 @@ def fp8_native(device: torch.device) -> bool:
     convert them in software instead (:mod:`dsa.fp8`: exact e4m3fn -> f16, round-to-nearest-even saturating
     f32 -> e4m3fn; products in f16 with fp32 accumulation). ``DSA_FP8_EMULATION=1`` takes the software path
     everywhere."""
-    if os.environ.get(FP8_EMULATION_ENV, "0") not in ("", "0"):
+    if fp8_emulation_forced():
         return False
     if interpreter_on() or device.type != "cuda" or torch.version.hip is not None:
         return True

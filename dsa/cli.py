@@ -78,16 +78,14 @@ def cmd_info(args) -> int:
 
 def _fp8_path() -> str:
     """How the portable kernels handle e4m3fn here (:func:`dsa.backend.fp8_native`)."""
-    import os
-
     import torch
 
-    from .backend import FP8_EMULATION_ENV, fp8_native
+    from .backend import FP8_EMULATION_ENV, fp8_emulation_forced, fp8_native
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if fp8_native(dev):
         return "native (Triton's e4m3fn type)"
-    if os.environ.get(FP8_EMULATION_ENV, "0") not in ("", "0"):
+    if fp8_emulation_forced():
         return f"software conversions ({FP8_EMULATION_ENV} is set)"
     return "software conversions (Triton has no e4m3fn type on this GPU)"
 

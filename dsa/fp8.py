@@ -6,8 +6,8 @@ scale = max(amax, FP8_AMAX_EPS) / 448 with IEEE division, rounded up to a power 
 (exact bit arithmetic) for ue8m0 scales; q = fp8(clamp(x / scale, +-448)), round to nearest even.
 
 Where Triton has no e4m3fn type (NVIDIA Ampere, :func:`dsa.backend.fp8_native` False) the kernels take
-fp8 tensors as their bytes (uint8) and a constexpr ``MODE`` (:func:`dsa.backend.fp8_mode`) selects the software forms below:
-:func:`tl_e4m3_to_f16` (exact: every e4m3fn value is an f16) and :func:`tl_e4m3_from_f32` (round to
+fp8 tensors as their bytes (uint8) and a constexpr ``MODE`` (:func:`dsa.backend.fp8_mode`) selects the software
+forms below: :func:`tl_e4m3_to_f16` (exact: every e4m3fn value is an f16) and :func:`tl_e4m3_from_f32` (round to
 nearest even, saturating to +-448, NaN to 0x7F: the bits of the GPU's ``cvt.rn.satfinite``). fp8
 products then run in f16 with fp32 accumulation: the same exact products, summed in fp32.
 """

@@ -308,6 +308,28 @@ def test_kernel_configs(config):
     assert_matches(got, want, max_abs_v(kv, idx, 150), str(config))
 
 
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("h_q", [64, 24])
+def test_fitting_configs_compute_the_same(kv_format, h_q):
+    """Every configuration the shared-memory fallback may take (:func:`dsa.mla.kernel.fitting_configs`: fewer
+    stages, smaller row tiles, fewer heads per program) against the reference: invalid and out-of-range indices,
+    an empty row, ragged ``topk_length``, a sink, NaN in unused cache slots, poisoned outputs."""
+    from dsa.mla.kernel import default_config, fitting_configs
+
+    T, topk, S = 3, 150, 260
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, kv_format, seed=h_q, empty_rows=(1,), with_len=True,
+                                          with_sink=True)
+    tl_[0] = topk
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    cands = fitting_configs(default_config(h_q, kv_format != "bf16", T))
+    assert len(cands) >= 4
+    for c in cands:
+        out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, config=dict(c, gluon=False))
+        assert got[0] is out
+        assert_matches(got, want, max_abs_v(kv, idx, S), str(c))
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_rising_logits(num_splits):
     """Logits that keep rising along the index list (about 4 log2 units per 16 entries), so the online

@@ -81,8 +81,8 @@ def _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, g: 
 
 @triton.jit
 def _dequant(raw, sc, FP8_MODE: tl.constexpr):
-    """fp8 values ``[BLOCK_N, GROUP]`` (e4m3fn, or their bytes: ``FP8_MODE`` of :func:`dsa.backend.fp8_mode`) times their per-row group
-    scale ``[BLOCK_N]`` (fp32), as bf16."""
+    """fp8 values ``[BLOCK_N, GROUP]`` (e4m3fn, or their bytes: ``FP8_MODE``, :func:`dsa.backend.fp8_mode`) times
+    their per-row group scale ``[BLOCK_N]`` (fp32), as bf16."""
     return (tl_fp8_to_f32(raw, FP8_MODE) * sc[:, None]).to(tl.bfloat16)
 
 
@@ -209,14 +209,10 @@ def _sparse_mla_fwd_kernel(
             valid, rows = _tile_rows(idx_row, n0, stop, S, BLOCK_N)
             # gathered rows as bf16 (fp8 dequantised), all loads issued before the first dot
             kr = tl.load(rope_ptr + rows[:, None] * stride_rope + offs_r[None, :], mask=valid[:, None], other=0.0)
-            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8,
-                            FP8_MODE)
-            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8,
-                            FP8_MODE)
-            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8,
-                            FP8_MODE)
-            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8,
-                            FP8_MODE)
+            k0 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 0, GROUP, IS_FP8, FP8_MODE)
+            k1 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 1, GROUP, IS_FP8, FP8_MODE)
+            k2 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 2, GROUP, IS_FP8, FP8_MODE)
+            k3 = _load_group(nope_ptr, scale_ptr, rows, stride_nope, stride_scale, valid, 3, GROUP, IS_FP8, FP8_MODE)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, qr, kr, k0, k1, k2, k3, valid, sm_scale_log2,
                                                        m_i, l_i, acc0, acc1, acc2, acc3)
 
@@ -361,7 +357,6 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
 
 
-
 def fitting_configs(cfg: dict) -> list:
     """``cfg`` and smaller launch configurations of the portable kernel, for :func:`dsa._host.launch_fitting`:
     one pipeline stage less at a time, then half the gathered rows per tile, then half the heads per program
@@ -379,6 +374,7 @@ def fitting_configs(cfg: dict) -> list:
         c = dict(c, block_h=c["block_h"] // 2, num_warps=max(2, c["num_warps"] // 2))
         out.append(c)
     return out
+
 
 #: 16/32-head groups on sm_90: the Gluon kernel (:mod:`dsa.mla.kernel_sm90`, the gathered rows as the M
 #: dimension of both products; one program per SM), taken by default wherever it is supported. Measured on the
@@ -526,11 +522,11 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
 
         def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split, cluster=0):
             if use_sm90:
-                kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, idx, len_arg, sink_arg, o, s_ot, s_oh, s_os, ml, ls,
-                                   T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=bh,
-                                   producer=cfg.get("producer"), pingpong=cfg.get("pingpong"), cluster=cluster,
-                                   final=(out, out.stride(0), out.stride(1), max_logits, lse), num_sms=_num_sms(dev),
-                                   persist=cfg.get("persist"))
+                kernel_sm90.launch(grid, q, nope, scales, stride_scale, rope, idx, len_arg, sink_arg, o, s_ot, s_oh,
+                                   s_os, ml, ls, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split,
+                                   block_h=bh, producer=cfg.get("producer"), pingpong=cfg.get("pingpong"),
+                                   cluster=cluster, final=(out, out.stride(0), out.stride(1), max_logits, lse),
+                                   num_sms=_num_sms(dev), persist=cfg.get("persist"))
             else:
                 _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                              T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)

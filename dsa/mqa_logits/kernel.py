@@ -248,8 +248,8 @@ def _paged_mqa_logits_kernel(
             k_a = _load_k(kv_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             sc_a = _load_scale(kv_scale_ptr, p_b, s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             p_b = _load_phys(bt_row, s0 + 2 * BLOCK_N, offs_n, c_hi, max_blocks, BS, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
-                      NEXT_N_PAD, H, CLEAN)
+            _tile_out(k, qT, w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN, FP8_MODE)
     elif PREFETCH == 3:
         # Tiles inside one block only (TIB): the block-table entries of the whole span are loaded once,
         # before the loop, so no load feeds a key address (each tile picks its entry from registers) and
@@ -267,16 +267,16 @@ def _paged_mqa_logits_kernel(
                         BLOCK_BYTES, TIB)
             sc_b = _load_scale(kv_scale_ptr, _pick(tab, offs_t, (s0 + BLOCK_N) // BS - blk_lo) + zero_n,
                                s0 + BLOCK_N, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
-                      NEXT_N_PAD, H, CLEAN)
+            _tile_out(k, qT, w, sc_a, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN, FP8_MODE)
             sc_a = sc_b
     else:
         for s0 in range(s_lo, c_hi, BLOCK_N):
             phys = _load_phys(bt_row, s0, offs_n, c_hi, max_blocks, BS, TIB)
             k = _load_k(kv_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
             k_scale = _load_scale(kv_scale_ptr, phys, s0, offs_n, c_hi, num_blocks, BS, D, BLOCK_BYTES, TIB)
-            _tile_out(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
-                      NEXT_N_PAD, H, CLEAN)
+            _tile_out(k, qT, w, k_scale, s0 + offs_n, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N,
+                      NEXT_N_PAD, H, CLEAN, FP8_MODE)
 
 
 @triton.jit
@@ -286,11 +286,12 @@ def _pick(tab, offs_t, t):
 
 
 @triton.jit
-def _tile_out(sc, w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N: tl.constexpr,
-              NEXT_N_PAD: tl.constexpr, H: tl.constexpr, CLEAN: tl.constexpr):
-    """Logits of one key tile from its dot ``sc`` [BLOCK_N, NEXT_N_PAD*H]: relu, head weights, the sum over
-    each row's heads, the key scales; -inf past each row's limit (``CLEAN``); stored for keys < ``s_hi``."""
-    sc = tl.maximum(sc, 0.0) * w[None, :]
+def _tile_out(k, qT, w, k_scale, s, lim, rows64, j_ok, s_hi, out_ptr, stride_om, BLOCK_N: tl.constexpr,
+              NEXT_N_PAD: tl.constexpr, H: tl.constexpr, CLEAN: tl.constexpr, FP8_MODE: tl.constexpr):
+    """Logits of one key tile ``k`` [BLOCK_N, D] (fp8, or its bytes: ``FP8_MODE``) against ``qT`` [D, NEXT_N_PAD*H]:
+    the product, relu, head weights, the sum over each row's heads, the key scales; -inf past each row's limit
+    (``CLEAN``); stored for keys < ``s_hi``."""
+    sc = tl.maximum(tl.dot(tl_fp8_operand(k, FP8_MODE), qT), 0.0) * w[None, :]
     logits = tl.sum(tl.reshape(sc, (BLOCK_N, NEXT_N_PAD, H)), axis=2) * k_scale[:, None]
     if CLEAN:
         logits = tl.where(s[:, None] < lim[None, :], logits, float("-inf"))

@@ -525,11 +525,6 @@ def _num_sms(device: torch.device) -> int:
     return num_sms(device) or 4  # CPU interpreter: small grids
 
 
-def _ptx_ok(device: torch.device) -> bool:
-    """Whether kernels may use inline PTX: an NVIDIA GPU, compiled (not ROCm, not the CPU interpreter)."""
-    return compiled_nvidia(device)
-
-
 def _alignment(logits: torch.Tensor) -> int:
     """4 (16-byte vector loads) when every row starts 16-byte aligned and the storage holds each
     row's width rounded up to 4 values (e.g. a row stride padded to a multiple of 4, as the
@@ -598,7 +593,8 @@ def top_k_indices_launch(
         seq_stride = seq_lens.stride(0) if seq_lens.dim() == 2 else 1
     extra = nvidia_options(dev, maxnreg=cfg.maxnreg if splits == 1 else None)
     common = (logits, logits.stride(0), N, starts, ends, seq, seq_stride, next_n, k)
-    consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch, ASM=cfg.ptx and _ptx_ok(dev), num_stages=1, **extra)
+    consts = dict(BLOCK=block, CAP=cap, CH=ch, E=cfg.row, ALIGN=align, PREFETCH=cfg.prefetch,
+                  ASM=cfg.ptx and compiled_nvidia(dev), num_stages=1, **extra)
     slots = block_table is not None
     table = (block_table, *block_table.stride(), block_table.shape[1]) if slots else (out, 0, 0, 0)  # (else unused)
     tconsts = dict(SLOTS=slots, BS=int(block_size) if slots else 1)
