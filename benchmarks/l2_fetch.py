@@ -15,7 +15,9 @@ in interleaved rounds, this times (CUDA-graph medians, ms; GB/s of the records' 
   * ``fp8_paged_mqa_logits`` on the decode goal's inputs (B 64, contexts 32K-128K, shuffled table), blocks 1 and 64,
     next_n 1 and 2,
   * ``sparse_mla`` small-head decode (s_q 1, topk 2048 of 32K per request) at the goal's batch sizes.
-The table printed last holds the median of the rounds per granularity.
+The table printed last holds the median of the rounds per granularity, and the PyTorch baseline of each case timed
+in the same run at the default granularity (``do_bench`` median): ``index_select`` of the same rows for the walks,
+``dsa.bench``'s gather + matmul baselines for the logits and for sparse MLA.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gather_ceiling import rows_sum  # noqa: E402
 
 from dsa import fp8_paged_mqa_logits, sparse_mla  # noqa: E402
-from dsa.bench import indexer_decode_inputs, mla_inputs  # noqa: E402
+from dsa.bench import (bench_ms, indexer_decode_baseline, indexer_decode_inputs, mla_baseline,  # noqa: E402
+                       mla_baseline_chunk, mla_inputs)
 from dsa.constants import INDEXER_ROW_BYTES  # noqa: E402
 
 CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 5  # CUlimit (cuda.h)
@@ -70,7 +73,8 @@ def _ms(fn) -> float:
 
 
 def cases(dev="cuda"):
-    """``(name, fn, bytes)`` of every timed call (inputs built once)."""
+    """``(name, fn, bytes, baseline)`` of every timed call (inputs built once; ``baseline`` the same work in
+    PyTorch)."""
     out = []
     g = torch.Generator(device=dev).manual_seed(0)
     buf = torch.randint(-2**31, 2**31 - 1, (1_400_000_000 // 4, ), dtype=torch.int32, device=dev)
@@ -81,7 +85,8 @@ def cases(dev="cuda"):
         res = torch.empty(1, count, dtype=torch.int32, device=dev)
         bn, per, st = (64, 8, 3) if row_bytes < 1000 else (64, 1, 1)
         out.append((f"walk {row_bytes} B rows, random", lambda rows=rows, idx=idx, res=res, bn=bn, per=per, st=st:
-                    rows_sum(rows, idx, res, bn, triton.cdiv(idx.shape[1], bn * per), st), count * row_bytes))
+                    rows_sum(rows, idx, res, bn, triton.cdiv(idx.shape[1], bn * per), st), count * row_bytes,
+                    lambda rows=rows, idx=idx: torch.index_select(rows, 0, idx[0])))
     for bs in (1, 64):
         for nn in (1, 2):
             gi = torch.Generator(device=dev).manual_seed(1)
@@ -89,14 +94,17 @@ def cases(dev="cuda"):
             logits = torch.empty(64 * nn, max_len, dtype=torch.float32, device=dev)
             out.append((f"paged logits block {bs} next_n {nn}",
                         lambda q=q, cache=cache, w=w, ctx=ctx, bt=bt, m=max_len, lg=logits:
-                        fp8_paged_mqa_logits(q, cache, w, ctx, bt, m, out=lg), float(ctx.sum()) * INDEXER_ROW_BYTES))
+                        fp8_paged_mqa_logits(q, cache, w, ctx, bt, m, out=lg), float(ctx.sum()) * INDEXER_ROW_BYTES,
+                        lambda q=q, cache=cache, w=w, ctx=ctx, bt=bt, m=max_len: indexer_decode_baseline(q, cache, w, ctx,
+                                                                                                          bt, m)))
     for fmt, h, b in (("fp8_ds_mla", 16, 32), ("fp8_ds_mla", 16, 64), ("fp8_ds_mla", 16, 128), ("fp8_ds_mla", 32, 64),
                       ("bf16", 16, 32)):
         q, kv, idx = mla_inputs(b, h, 2048, b, 32768, fmt, dev=dev)
         o = torch.empty(b, h, 512, dtype=torch.bfloat16, device=dev)
         row = 656 if fmt != "bf16" else 1152
         out.append((f"sparse_mla {fmt} h{h} batch {b}", lambda q=q, kv=kv, idx=idx, o=o:
-                    sparse_mla(q, kv, idx, 192 ** -0.5, out=o), b * 2048 * row))
+                    sparse_mla(q, kv, idx, 192 ** -0.5, out=o), b * 2048 * row,
+                    lambda q=q, kv=kv, idx=idx, c=mla_baseline_chunk(2048, h): mla_baseline(q, kv, idx, 192 ** -0.5, c)))
     return out
 
 
@@ -108,24 +116,25 @@ def main():
     asks = [default] + [g for g in (32, 64, 128) if g != default]
     got = {}
     cs = cases()
-    for fn in (c[1] for c in cs):  # compile and warm every call first
-        fn()
+    for c in cs:  # compile and warm every call first
+        c[1]()
     times = {}
     for r in range(rounds):
         for a in asks:
             got[a] = set_granularity(a)
-            for name, fn, _ in cs:
+            for name, fn, _, _ in cs:
                 times.setdefault((name, a), []).append(_ms(fn))
         print(f"# round {r + 1} of {rounds} done", flush=True)
     set_granularity(default)
+    base = {name: bench_ms(bl, "cuda", rep=100, warmup=10) for name, _, _, bl in cs}
     head = "".join(f" | asked {a} (got {got[a]})" for a in asks)
-    print(f"\n| case{head} |\n|---" + "|---" * len(asks) + "|")
-    for name, _, nbytes in cs:
+    print(f"\n| case{head} | PyTorch (default) |\n|---" + "|---" * (len(asks) + 1) + "|")
+    for name, _, nbytes, _ in cs:
         cells = []
         for a in asks:
             ms = statistics.median(times[(name, a)])
             cells.append(f"{ms * 1e3:.1f} us ({nbytes / ms / 1e6:.0f} GB/s)")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"| {name} | " + " | ".join(cells) + f" | {base[name] * 1e3:.1f} us |")
 
 
 if __name__ == "__main__":
