@@ -2,6 +2,7 @@ r"""The 16-head fp8_ds_mla decode kernel fed by a bulk-copy ring (``dsa.mla.kern
 and split count beside the other Hopper kernel, and where its tile's clocks go.
 
     python benchmarks/bench_mla_bulk.py                 # H200: checks, then batch 32 / 64 / 128 against the default
+    python benchmarks/bench_mla_bulk.py --heads 8       # H200: the timings alone with 8 heads (1-16)
     python benchmarks/bench_mla_bulk.py --sweep         # H200: batch 1-256 x split counts (the dispatch rule's data)
     python benchmarks/bench_mla_bulk.py --trace         # H200: the math warps' and loaders' clocks per tile
     python benchmarks/bench_mla_bulk.py --compile-only  # CPU: compile for sm_90a, print offsets and instruction counts
@@ -34,10 +35,10 @@ PTRS = dict(q_ptr="*bf16", kv_ptr="*u8", zero_ptr="*u8", idx_ptr="*i32", len_ptr
 DIVISIBLE = ("stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh", "split_len")  # (as at the decode shapes)
 
 
-def compile_only(nsplit=1, has_len=False, has_sink=False, skip=False, trace=False, quiet=False):
+def compile_only(nsplit=1, has_len=False, has_sink=False, skip=False, trace=False, quiet=False, heads=16):
     """CPU: compile for sm_90a with the offsets resolved (:func:`dsa.mla.kernel_bulk.resolve_offsets`); returns
     the compiled kernel."""
-    consts = KB.constexprs(nsplit, has_len, has_sink, skip, trace)
+    consts = KB.constexprs(nsplit, has_len, has_sink, skip, trace, heads)
     k = [None]
 
     def build(c):
@@ -105,14 +106,15 @@ def _ms(fn):
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
-def timings(batches=(32, 64, 128)):
-    """The bulk kernel at its own split count and one more, against the other Hopper kernel and the default."""
+def timings(batches=(32, 64, 128), heads=16):
+    """The bulk kernel at its own split count and one more, against the other Hopper kernel and the default
+    (``heads``: h_q, 1 to 16)."""
     from dsa import sparse_mla
     from dsa.bench import mla_inputs
 
     rows = []
     for T in batches:
-        q, kv, idx = mla_inputs(T, 16, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
+        q, kv, idx = mla_inputs(T, heads, 2048, T, 32768, "fp8_ds_mla", dev="cuda")
         flat = kv.reshape(-1, 656)
         baseline_and_floor(q, kv, idx, SM_SCALE, 656, "gather, dequantise, bmm")
         ms_sm90 = _ms(lambda: _sm90(q, flat, idx))
@@ -127,7 +129,7 @@ def timings(batches=(32, 64, 128)):
             print(f"T {T} splits {ns}: sm90 {ms_sm90 * 1e3:.1f} us, default {ms_def * 1e3:.1f}, walk (one split) "
                   f"{ms_walk * 1e3:.1f}, bulk kernel: copies alone {copies * 1e3:.1f}, whole call {whole * 1e3:.1f}",
                   flush=True)
-    print("\nus, h_q 16, fp8_ds_mla, topk 2048 of 32K per token; 'walk': bulk_gather.py's copies alone (one split)")
+    print(f"\nus, h_q {heads}, fp8_ds_mla, topk 2048 of 32K per token; 'walk': bulk_gather.py's copies alone (one split)")
     print(f"{'batch':>5} {'splits':>6} {'sm90':>6} {'default':>7} {'walk':>6} {'copies':>6} {'bulk':>6}")
     for r in rows:
         print(f"{r[0]:5d} {r[1]:6d} " + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[2:], (6, 7, 6, 6, 6))))
@@ -184,6 +186,7 @@ if __name__ == "__main__":
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--heads", type=int, default=16, help="h_q of the timings (1-16); not 16: the timings alone")
     a = ap.parse_args()
     if a.compile_only:
         for args in ((1, ), (4, ), (2, True, True), (1, False, False, True), (2, False, False, False, True)):
@@ -192,6 +195,8 @@ if __name__ == "__main__":
         sweep()
     elif a.trace:
         trace_phases()
+    elif a.heads != 16:
+        timings(heads=a.heads)
     else:
         checks()
         timings()

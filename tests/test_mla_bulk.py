@@ -1,11 +1,11 @@
-"""The 16-head fp8_ds_mla decode kernel on the bulk-copy ring (``dsa.mla.kernel_bulk``, sm_90 only).
+"""The 1-16-head fp8_ds_mla decode kernel on the bulk-copy ring (``dsa.mla.kernel_bulk``, sm_90 only).
 
 Its Gluon kernel cannot run under the CPU interpreter. Here on any machine: what its compiled sm_90a code must hold
 (the ring at the offset the copies use, no spills, every operand converted in registers,
 the index validity by ballots) and its host-side rules. On a Hopper GPU: the kernel against the reference with
 invalid entries scattered through the rows, NaN in every unused cache slot, rows with no valid entry,
 ``topk_length``, sink, 1-4 and 32 splits (3 merged as 4, one padding split), poisoned and padded outputs, a
-strided q, reruns (bitwise equal), the default dispatch, and a CUDA-graph replay."""
+strided q, reruns (bitwise equal), the default dispatch, and a CUDA-graph replay; with 1, 8 and 12 heads too."""
 import pytest
 import torch
 
@@ -23,7 +23,9 @@ import bench_mla_bulk as B
 for name, args in (("1 split", (1, )), ("4 splits", (4, )), ("3 splits", (3, )),
                    ("len sink", (2, True, True)),
                    ("len sink 1 split", (1, True, True)), ("copies", (1, False, False, True)),
-                   ("trace", (2, False, False, False, True))):
+                   ("trace", (2, False, False, False, True)),
+                   ("8 heads", (1, False, False, False, False, True, 8)),
+                   ("8 heads 4 splits len sink", (4, True, True, False, False, True, 8))):
     out[name] = G.sass_counts(B.compile_only(*args), PRE)
 """
 _PRE = ("LDS", "LDG", "STS", "STG", "STL", "LDL", "HMMA", "F2FP", "UBLKCP", "VOTE")
@@ -49,6 +51,11 @@ def test_bulk_kernel_compiles_for_sm90():
     # each partial value once: 16 heads x 512 / 128 threads / 4 per load, per split
     assert c["3 splits"]["LDG.E.128"] == 48, c["3 splits"]
     assert "HMMA.16816.F32" not in c["copies"], c["copies"]  # SKIP: the copies alone
+    # 8 heads: the same 16-head products and conversions; half the output's stores, and the merge loads the partials
+    # of the 8 stored heads only
+    h8 = c["8 heads"]
+    assert h8["HMMA.16816.F32"] == 128 and h8["F2FP.F16.E4M3.UNPACK_B"] == 256 and h8["STG.E.64"] == 8, h8
+    assert c["8 heads 4 splits len sink"]["LDG.E.128"] == 32, c["8 heads 4 splits len sink"]
 
 
 def test_bulk_host_rules(monkeypatch):
@@ -62,6 +69,8 @@ def test_bulk_host_rules(monkeypatch):
         assert KB.applies(q, kv, idx, None) and KB.applies(q, kv, idx, torch.zeros(64, 16, 512))
         assert not KB.applies(q, torch.zeros(100, 700, dtype=torch.uint8)[:, :656], idx, None)
         assert not KB.applies(q, torch.zeros(100, 576, dtype=torch.bfloat16), idx, None)
+        for h_q, ok in ((1, True), (8, True), (12, True), (17, False), (32, False)):  # 1-16 heads
+            assert KB.applies(torch.zeros(64, h_q, 576, dtype=torch.bfloat16), kv, idx, None) == ok, h_q
     assert not KB.serves(KB.MIN_T - 1, 2048) and KB.serves(KB.MIN_T, 2048) and KB.serves(256, 2048)
     assert [KB.num_splits_for(T, 2048, 132) for T in (1, 32, 64, 66, 67, 128, 256)] == [32, 4, 2, 2, 1, 1, 1]
     assert KB.num_splits_for(1, 100, 132) == 2  # at most one program per 64-entry tile
@@ -137,6 +146,40 @@ def test_gpu_bulk_kernel(T, topk, S, splits, extras, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,topk,S,splits", [(3, 2048, 1 << 15, None), (5, 1000, 5056, 3), (64, 2048, 1 << 16, None),
+                                             (70, 129, 4096, None), (7, 64, 500, 1)])
+@pytest.mark.parametrize("H", [8, 1, 12])
+def test_gpu_bulk_kernel_fewer_heads(T, topk, S, splits, H, monkeypatch):
+    """Fewer than 16 heads (the missing ones zero in the products, never stored): against the reference with
+    invalid entries, NaN in unused slots, an empty row, topk_length and a sink, into poisoned output rows padded
+    on both sides (head stride 640); lse and max_logits of exactly ``H`` heads; bitwise equal reruns; and against
+    ``kernel_sm90``."""
+    skip_unless_hopper()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "fp8_ds_mla", seed=T * 11 + topk + H, with_len=True,
+                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
+    flat = ref_mod.flat_kv(kv)
+    calls = _launches(monkeypatch)
+    outs, bigs = [], []
+    for _ in range(2):
+        big = poison_(torch.empty(T, H, 640, dtype=torch.bfloat16, device=q.device))
+        out = big[:, :, 64:64 + D_V]
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(bulk=True))
+        assert got[0] is out and got[1].shape == (T, H) and got[2].shape == (T, H)
+        outs.append(got)
+        bigs.append(big)
+    nsm = torch.cuda.get_device_properties(q.device).multi_processor_count
+    assert calls == [KB.split_plan(T, topk, splits, nsm)[0]] * 2
+    for big in bigs:
+        assert torch.isnan(big[:, :, :64].float()).all() and torch.isnan(big[:, :, 64 + D_V:].float()).all()
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    vmax = max_abs_v(kv, idx, S)
+    assert_matches(outs[0], want, vmax, str((T, topk, S, splits, H)))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    other = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(bulk=False))
+    assert_matches(outs[0], other, vmax, "against kernel_sm90")
+
+
+@pytest.mark.gpu
 def test_gpu_bulk_strided_q_and_paged_cache(monkeypatch):
     """q with a head stride of 640 and the paged cache view [blocks, 64, 1, 656] through the public op."""
     skip_unless_hopper()
@@ -155,10 +198,12 @@ def test_gpu_bulk_strided_q_and_paged_cache(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,kv_format,bulk", [(64, 16, "fp8_ds_mla", True), (200, 16, "fp8_ds_mla", True),
                                                 (32, 16, "fp8_ds_mla", True), (31, 16, "fp8_ds_mla", False),
-                                                (64, 32, "fp8_ds_mla", False),
+                                                (64, 32, "fp8_ds_mla", False), (64, 8, "fp8_ds_mla", True),
+                                                (31, 8, "fp8_ds_mla", False), (40, 24, "fp8_ds_mla", False),
                                                 (64, 16, "bf16", False)])
 def test_gpu_bulk_default_dispatch(T, H, kv_format, bulk, monkeypatch):
-    """Without a config, 16-head fp8 decode from ``MIN_T`` tokens takes the bulk kernel; the rest ``kernel_sm90``."""
+    """Without a config, fp8 decode with 1-16 heads from ``MIN_T`` tokens takes the bulk kernel; the rest
+    ``kernel_sm90``."""
     from dsa.mla import kernel_sm90
 
     skip_unless_hopper()

@@ -1,4 +1,5 @@
-"""16-head sparse MLA decode over the fp8_ds_mla cache on Hopper (sm_90), fed by a ring of bulk copies (Gluon).
+"""Sparse MLA decode with 16 heads (or fewer) over the fp8_ds_mla cache on Hopper (sm_90), fed by a ring of bulk
+copies (Gluon).
 
 Why a third kernel: for 16 heads over the fp8 cache the time goes to getting the rows in and turning them into
 operands, not to the products. :mod:`dsa.mla.kernel_sm90` dequantises each tile into a bf16 buffer that its
@@ -24,7 +25,12 @@ wgmma products read; this kernel never writes one. One program = one split of on
   each program stores its fp32 partials and counts itself done on its token's counter (zeroed by the call, so
   calls on concurrent streams or in CUDA graphs never share one), and the last one merges them (:func:`_finish`).
 
-Where it serves (:func:`applies`, :func:`serves`; BENCHMARKS.md, twenty-eighth session): 16 heads, the fp8_ds_mla
+Fewer than 16 heads (h_q 8: TP16 of a 128-head model) run the same 16-head products with the missing heads' q zero
+(``NH``, a constexpr: at 16 the sm_90a code holds the same instructions as before it existed, some in another
+order); only the first ``NH`` heads are stored, and the last program's merge loads only theirs. The split partials
+keep 16 heads.
+
+Where it serves (:func:`applies`, :func:`serves`; BENCHMARKS.md, twenty-eighth session): 1-16 heads, the fp8_ds_mla
 cache, sm_90, from batch 32, where it measured faster than :mod:`dsa.mla.kernel_sm90` (H200, topk 2048 of 32K, CUDA
 graphs: 10-29% less time at batch 32-256; batch 128 53.5-58.1 us in the runs of the twenty-eighth to thirtieth
 sessions, against the goal's 57.1). The fp32 products differ from the other kernels only in the order of their sums
@@ -185,31 +191,32 @@ def _pv_operand(off):
 
 
 @gluon.jit
-def _load_q(q_ptr, stride_qt, stride_qh, t64, a_l: gl.constexpr):
-    """q's values ``[4 g, 16, 128]`` f32 in ``a_l``, in the permuted k order of :func:`_qk_operand`, and each
-    group's power of two ``qe`` [4] that puts them in f16's range (largest in [2^14, 2^15))."""
+def _load_q(q_ptr, stride_qt, stride_qh, t64, NH: gl.constexpr, a_l: gl.constexpr):
+    """q's values ``[4 g, 16, 128]`` f32 in ``a_l``, in the permuted k order of :func:`_qk_operand` (heads from
+    ``NH`` on zero), and each group's power of two ``qe`` [4] that puts them in f16's range (largest in [2^14,
+    2^15))."""
     g = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, a_l)))
     h = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, a_l)))
     k = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
     pk = 32 * ((k >> 1) & 3) + 16 * (k >> 6) + 4 * ((k >> 4) & 3) + 2 * ((k >> 3) & 1) + (k & 1)
     qv = gl.load(q_ptr + t64 * stride_qt + h[None, :, None] * stride_qh + g[:, None, None] * 128
-                 + pk[None, None, :]).to(gl.float32)
+                 + pk[None, None, :], mask=(h < NH)[None, :, None], other=0.0).to(gl.float32)
     qmax = gl.max(gl.max(gl.abs(qv), axis=2), axis=1)
     return qv, gl.where(qmax > 0, 14.0 - gl.floor(gl.log2(gl.where(qmax > 0, qmax, 1.0))), 0.0)
 
 
 @gluon.jit
-def _store_rows(o, row_ptr, stride_h, OL: gl.constexpr):
+def _store_rows(o, row_ptr, stride_h, nh: gl.constexpr, OL: gl.constexpr):
     """P.V's normalised ``o`` [4 g, 16, 128] (logical column n holds value 16 (n % 8) + n // 8 of group ``g``)
-    into the 16 head rows of 512 values at ``row_ptr`` (head stride ``stride_h``), in ``row_ptr``'s type: put back
-    in order (``OL``), 16-byte stores (f32)."""
+    into the first ``nh`` of the 16 head rows of 512 values at ``row_ptr`` (head stride ``stride_h``), in
+    ``row_ptr``'s type: put back in order (``OL``), 16-byte stores (f32)."""
     o = gl.reshape(gl.permute(gl.reshape(o, [4, H, 16, 8]), [0, 1, 3, 2]), [4, H, 128])
     o = gl.convert_layout(o, OL)
     go = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, OL)))
     ho = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, OL)))
     co = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, OL)))
     gl.store(row_ptr + ho[None, :, None].to(gl.int64) * stride_h + go[:, None, None] * 128 + co[None, None, :],
-             o.to(row_ptr.dtype.element_ty))
+             o.to(row_ptr.dtype.element_ty), mask=(ho < nh)[None, :, None])
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -374,7 +381,7 @@ def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, 
 
 @gluon.jit
 def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
-          stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
+          stop, n_tiles, S, NH: gl.constexpr, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
           NSTAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, SKIP: gl.constexpr,
           RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
           NSPLIT: gl.constexpr, HAS_SINK: gl.constexpr, TRACE: gl.constexpr):
@@ -388,14 +395,14 @@ def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, l
     p_l: gl.constexpr = gl.SliceLayout(1, L4)  # [1, 16, 64]: the tile's logits
     r_l: gl.constexpr = gl.SliceLayout(2, p_l)  # [1, 16]: the softmax state
     # ---- q in the permuted k order, f16 scaled per group by a power of two; rope bf16 ----
-    qv, qe = _load_q(q_ptr, stride_qt, stride_qh, t64, a_l)
+    qv, qe = _load_q(q_ptr, stride_qt, stride_qh, t64, NH, a_l)
     q16 = (qv * gl.exp2(qe)[:, None, None]).to(gl.float16)
     bq = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, a_l)))
     h = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, a_l)))
     kr = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, a_l)))
     pr = 4 * ((kr >> 1) & 3) + 2 * (kr >> 3) + (kr & 1)
     qr = gl.load(q_ptr + t64 * stride_qt + h[None, :, None] * stride_qh + 512 + bq[:, None, None] * 16
-                 + pr[None, None, :])
+                 + pr[None, None, :], mask=(h < NH)[None, :, None], other=0.0)
     # ---- per-thread shared offsets within a tile (the tile's base added per tile) ----
     LQ: gl.constexpr = gl.BlockedLayout([1, 8, 1, 1, 2], [1, 1, 8, 4, 1], [4, 1, 1, 1, 1], [4, 1, 3, 2, 0])
     x0 = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LQ)))))
@@ -450,33 +457,34 @@ def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, l
             gl.store(row + k * 128, tr[k])
     hh = gl.arange(0, H, gl.SliceLayout(0, r_l))
     if NSPLIT == 1:  # the final values: natural-log lse (+inf when empty), the sink only in the denominator
-        inv, lse, ml = row_stats(l_i, m_i, sink_ptr, hh[None, :], hh[None, :] < H, HAS_SINK, False)
+        inv, lse, ml = row_stats(l_i, m_i, sink_ptr, hh[None, :], hh[None, :] < NH, HAS_SINK, False)
     else:  # the split partials: lse and max in log2 units, -inf when empty
         inv, lse, ml = row_stats(l_i, m_i, None, None, None, False, True)
     iv = gl.convert_layout(inv, gl.SliceLayout(1, gl.SliceLayout(3, L4)))
     mp = gl.convert_layout(gl.reshape(ms_prev, [1, 4]), gl.SliceLayout(2, gl.SliceLayout(3, L4)))
     f3 = gl.convert_layout(gl.reshape(gl.expand_dims(iv, 1) * gl.expand_dims(mp, 2), [4, H]), gl.SliceLayout(2, mma))
     if NSPLIT == 1:
-        gl.store(fl_ptr + t64 * H + hh[None, :], lse)
-        gl.store(fm_ptr + t64 * H + hh[None, :], ml)
-        _store_rows(acc * gl.expand_dims(f3, 2), out_ptr + t64 * stride_ot, stride_oh, OUT_L)
+        gl.store(fl_ptr + t64 * NH + hh[None, :], lse, mask=hh[None, :] < NH)
+        gl.store(fm_ptr + t64 * NH + hh[None, :], ml, mask=hh[None, :] < NH)
+        _store_rows(acc * gl.expand_dims(f3, 2), out_ptr + t64 * stride_ot, stride_oh, NH, OUT_L)
     else:
         slot = sid * T + t64
         gl.store(lse_ptr + slot * H + hh[None, :], lse)
         gl.store(ml_ptr + slot * H + hh[None, :], ml)
-        _store_rows(acc * gl.expand_dims(f3, 2), o_ptr + slot * (H * 512), 512, OUT_L)
-        _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, T, t64, NSPLIT,
+        _store_rows(acc * gl.expand_dims(f3, 2), o_ptr + slot * (H * 512), 512, H, OUT_L)
+        _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, T, t64, NH, NSPLIT,
                 sink_ptr, HAS_SINK)
 
 
 @gluon.jit
-def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, T, t64,
+def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, T, t64, NH: gl.constexpr,
             NSPLIT: gl.constexpr, sink_ptr, HAS_SINK: gl.constexpr):
     """The split merge inside the kernel: each program counts itself done on the token's counter (after its
     partials are stored); the last of the ``NSPLIT`` merges them all with :func:`~dsa.mla.epilogue.merge_weights`
     (the arithmetic of ``_sparse_mla_combine_kernel``; the sink only in the denominator) into the final ``out``
     bf16, natural-log lse (+inf for a row with no valid entry) and max_logits. The splits' lse are padded to a power
-    of two with ``-inf``; the partials stream in split by split into one ``[16, 512]`` accumulator."""
+    of two with ``-inf``; the partials (16 heads each) stream in split by split into one ``[16, 512]`` accumulator,
+    whose first ``NH`` heads are stored."""
     gl.thread_barrier()  # every warp's partials are stored before the count
     done = gl.atomic_add(cnt_ptr + t64, 1, sem="acq_rel", scope="gpu")
     if done == NSPLIT - 1:
@@ -489,7 +497,7 @@ def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_pt
         part = (ss[:, None].to(gl.int64) * T + t64) * H + hh[None, :]
         pmask = (ss < NSPLIT)[:, None] & (hh < H)[None, :]
         w_s, m_use, inv, lse, empty = merge_weights(gl.load(lse_ptr + part, mask=pmask, other=float("-inf")),
-                                                    sink_ptr, hh, hh < H, HAS_SINK)
+                                                    sink_ptr, hh, hh < NH, HAS_SINK)
         ml = gl.max(gl.load(ml_ptr + part, mask=pmask, other=float("-inf")), 0)
         # the partials stream in split by split (every load before the first store: the stores could alias them)
         ho = gl.arange(0, H, gl.SliceLayout(1, o_l))
@@ -500,15 +508,15 @@ def _finish(o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_pt
             acc += w[:, None] * gl.load(o_ptr + ((sp * T + t64) * H + ho)[:, None] * 512 + cc[None, :])
         inv_o = gl.convert_layout(inv, gl.SliceLayout(1, o_l))
         gl.store(out_ptr + t64 * stride_ot + ho[:, None].to(gl.int64) * stride_oh + cc[None, :],
-                 (acc * inv_o[:, None]).to(gl.bfloat16))
-        gl.store(fl_ptr + t64 * H + hh, lse)
-        gl.store(fm_ptr + t64 * H + hh, gl.where(empty, float("-inf"), ml * LN2))
+                 (acc * inv_o[:, None]).to(gl.bfloat16), mask=(ho < NH)[:, None])
+        gl.store(fl_ptr + t64 * NH + hh, lse, mask=hh < NH)
+        gl.store(fm_ptr + t64 * NH + hh, gl.where(empty, float("-inf"), ml * LN2), mask=hh < NH)
 
 
 @gluon.jit
 def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_ptr, stride_it, len_ptr, sink_ptr,
                             o_ptr, lse_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, trace_ptr,
-                            ltr_ptr, T, S, topk, split_len, sm_scale_log2, NSTAGES: gl.constexpr,
+                            ltr_ptr, T, S, topk, split_len, sm_scale_log2, NH: gl.constexpr, NSTAGES: gl.constexpr,
                             LWW: gl.constexpr, RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr,
                             EMPTY_OFF: gl.constexpr, RING_WORDS: gl.constexpr, RED: gl.constexpr,
                             RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr,
@@ -532,7 +540,7 @@ def _sparse_mla_bulk_kernel(q_ptr, stride_qt, stride_qh, kv_ptr, zero_ptr, idx_p
     rsum = gl.allocate_shared_memory(gl.float32, [1, H, BN], RED)  # their sums
     gl.warp_specialize([
         (_math, (red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T,
-                 start, stop, n_tiles, S, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr,
+                 start, stop, n_tiles, S, NH, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr,
                  sink_ptr, trace_ptr, NSTAGES, RING_OFF, EMPTY_OFF, SKIP, RED_L, L4, OUT_L, IDX_L, NSPLIT, HAS_SINK,
                  TRACE)),
         (_loader, (full, empty, kv_ptr, zero_ptr, idx_row, start, stop, n_tiles, S, NSTAGES, RING_OFF, BAR_OFF, 0,
@@ -579,13 +587,15 @@ def _layouts():
     return red, red_l, l4, out_l, idx_l
 
 
-def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, trace: bool = False) -> dict:
-    """The kernel's constexpr arguments, the shared offsets still 0 (:func:`resolve_offsets` fills them)."""
+def constexprs(nsplit: int, has_len: bool, has_sink: bool, skip: bool = False, trace: bool = False,
+               heads: int = 16) -> dict:
+    """The kernel's constexpr arguments (``heads``: the call's h_q, 1 to 16), the shared offsets still 0
+    (:func:`resolve_offsets` fills them)."""
     red, red_l, l4, out_l, idx_l = _layouts()
     return dict(NSTAGES=STAGES, LWW=LOADER_WARPS, RING_OFF=0, BAR_OFF=0, EMPTY_OFF=0, RED=red, RED_L=red_l,
                 L4=l4,
                 OUT_L=out_l, IDX_L=idx_l, NSPLIT=int(nsplit), HAS_LEN=bool(has_len), HAS_SINK=bool(has_sink),
-                SKIP=bool(skip), TRACE=bool(trace), **ring_words())
+                SKIP=bool(skip), TRACE=bool(trace), NH=int(heads), **ring_words())
 
 
 def allocated(ttgir: str, capability: int = 90) -> str:
@@ -691,14 +701,14 @@ def specialisation(args) -> tuple:
 
 
 def applies(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, out: torch.Tensor | None) -> bool:
-    """Whether :func:`sparse_mla_bulk` can serve the call: 16 heads, the fp8_ds_mla cache (``kv`` the flat
+    """Whether :func:`sparse_mla_bulk` can serve the call: 1 to 16 heads, the fp8_ds_mla cache (``kv`` the flat
     ``[S, 656]`` uint8 view, rows contiguous and 16-byte aligned: one bulk copy per row), an NVIDIA Hopper GPU
     without the interpreter, q's and ``out``'s (if given) last dimension and the index rows contiguous, at most
     65535 tokens."""
     from ..backend import on_hopper
 
     T, h_q, d = q.shape
-    if h_q != 16 or d != D_QK or kv.dtype != torch.uint8 or kv.dim() != 2 or kv.shape[1] != ROW.value:
+    if not 1 <= h_q <= H.value or d != D_QK or kv.dtype != torch.uint8 or kv.dim() != 2 or kv.shape[1] != ROW.value:
         return False
     if kv.stride() != (ROW.value, 1):  # (the copies take row i at kv + 656 i)
         return False
@@ -709,9 +719,10 @@ def applies(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, out: torch
 
 def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, out=None, num_splits=None,
                     skip=False, trace=None, ltrace=None):
-    """Sparse MLA over the fp8_ds_mla cache for 16 heads on sm_90 (validated arguments, :func:`applies`): ``q``
-    ``[T, 16, 576]`` bf16, ``kv`` ``[S, 656]`` uint8, ``indices`` ``[T, topk]`` int32, ``topk_length`` ``[T]``
-    int32 or None, ``attn_sink`` ``[16]`` f32 or None, ``out`` ``[T, 16, 512]`` bf16 or None. Returns
+    """Sparse MLA over the fp8_ds_mla cache for 1 to 16 heads on sm_90 (validated arguments, :func:`applies`): ``q``
+    ``[T, h_q, 576]`` bf16, ``kv`` ``[S, 656]`` uint8, ``indices`` ``[T, topk]`` int32, ``topk_length`` ``[T]``
+    int32 or None, ``attn_sink`` ``[h_q]`` f32 or None, ``out`` ``[T, h_q, 512]`` bf16 or None (fewer than 16
+    heads: the products run on 16, the missing ones zero, and only the first ``h_q`` are written). Returns
     ``(out, max_logits, lse)`` as :func:`dsa.sparse_mla`. ``num_splits`` (``None``: :func:`num_splits_for`)
     programs per token; ``skip``, ``trace`` (int32 ``[splits T, 4, 128]``), ``ltrace`` (int32 ``[splits T, 2, 2,
     64]``): benchmarks (the copies alone; the math warps' and loaders' clock sums per phase)."""
@@ -723,9 +734,9 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
         return out, ml, lse
     ns, split_len = split_plan(T, topk, num_splits, num_sms(dev))
     if ns > 1:
-        o_part = torch.empty(ns, T, h_q, D_V, dtype=torch.float32, device=dev)
-        lse_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
-        ml_part = torch.empty(ns, T, h_q, dtype=torch.float32, device=dev)
+        o_part = torch.empty(ns, T, H.value, D_V, dtype=torch.float32, device=dev)  # (16 heads, whatever h_q)
+        lse_part = torch.empty(ns, T, H.value, dtype=torch.float32, device=dev)
+        ml_part = torch.empty(ns, T, H.value, dtype=torch.float32, device=dev)
         counters = torch.zeros(T, dtype=torch.int32, device=dev)
     else:
         o_part = lse_part = ml_part = lse  # (unused)
@@ -739,12 +750,13 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
     # the constexprs are built once per key (about 170 us of host time each on a CPU); every variant the launcher
     # compiles (one per specialisation: its integers' divisibility by 16, equality to 1 and width, its pointers'
     # 16-byte alignment) has its shared offsets checked once, on the code the launch then runs
-    key = (str(dev), ns, has_len, has_sink, bool(skip), trace is not None)
+    key = (str(dev), ns, has_len, has_sink, bool(skip), trace is not None, h_q)
     spec = key + specialisation(args)
     consts = _CONSTS.get(key)
     warmup = lambda c: _sparse_mla_bulk_kernel.warmup(*args, grid=grid, num_warps=4, **c)  # noqa: E731
     if consts is None:
-        consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None), warmup)
+        consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None, h_q),
+                                                         warmup)
         _CHECKED.add(spec)
     elif spec not in _CHECKED:
         got = offsets(warmup(consts).asm["ttgir"], ring_words(), STAGES, True)
