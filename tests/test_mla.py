@@ -269,6 +269,37 @@ def test_kernel_heads(h_q, kv_format):
     assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all() and (got[1][1] == -math.inf).all()
 
 
+@pytest.mark.parametrize("h_q,kv_format", [(72, "bf16"), (96, "fp8_ds_mla")])
+def test_sliced_heads(h_q, kv_format):
+    """More than 64 heads run as two slices (``slice_heads``: 64 k heads, then the rest as a small group) compute
+    the same function: invalid entries, an empty row, topk_length, a sink (each slice its own part), NaN in unused
+    slots, a poisoned ``out`` padded on both sides; max_logits and lse for every head."""
+    T, topk, S = 3, 70, 150
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, kv_format, seed=h_q + 1, empty_rows=(1,), with_len=True,
+                                          with_sink=True)
+    tl_[0] = topk
+    big = poison_(torch.empty(T, h_q, D_V + 64, dtype=torch.bfloat16, device=q.device))
+    out = big[:, :, 32:32 + D_V]
+    got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, config=dict(slice_heads=True))
+    assert got[0] is out and got[1].shape == (T, h_q) and got[2].shape == (T, h_q)
+    assert torch.isnan(big[:, :, :32].float()).all() and torch.isnan(big[:, :, 32 + D_V:].float()).all()
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S),
+                   f"h_q={h_q} {kv_format}")
+    assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all() and (got[1][1] == -math.inf).all()
+
+
+def test_slice_rule():
+    """Which calls run their heads as two slices by default (on sm_90): more than 64 heads whose last 64-head
+    group would hold at most 32 real ones, from ``SLICE_MIN_T`` tokens (fewer over the fp8 cache)."""
+    from dsa.mla.kernel import SLICE_MIN_T, slice_pays
+
+    for fp8 in (False, True):
+        T = SLICE_MIN_T[fp8]
+        assert [h for h in range(8, 129, 8) if slice_pays(T, h, fp8)] == [72, 80, 88, 96]
+        assert not slice_pays(T - 1, 96, fp8) and slice_pays(4096, 72, fp8)
+    assert SLICE_MIN_T[True] < SLICE_MIN_T[False]
+
+
 @pytest.mark.parametrize("topk", [1, 64, 100, 130])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_kernel_topk_tails(topk, kv_format):
@@ -795,6 +826,24 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
         assert calls == [16 if bh == 32 and T <= SM90_TWO_GROUPS_MAX_T else bh]
         assert schedules == [H >= 64 and kv_format == "bf16"]
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 2048))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,kv_format,want", [(512, 72, "bf16", [64, 16]), (256, 96, "fp8_ds_mla", [64, 32]),
+                                                (512, 112, "bf16", [64]), (511, 96, "bf16", [64]),
+                                                (255, 80, "fp8_ds_mla", [64]), (512, 128, "fp8_ds_mla", [64])])
+def test_gpu_sliced_heads_default(T, H, kv_format, want, monkeypatch):
+    """On sm_90 the default runs 72-96 heads from ``SLICE_MIN_T`` tokens as two calls (64 heads, then the rest as a
+    small group, which the launches' head-group sizes show), other head counts and fewer tokens as one; against the
+    reference, with a sink, topk_length and a poisoned ``out``."""
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, 200, 4096, kv_format, seed=T + H, with_len=True, with_sink=True)
+    calls = record_launches(monkeypatch, kernel_sm90, "block_h")
+    out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
+    assert calls == want and got[0] is out
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 4096),
+                   str((T, H, kv_format)))
 
 
 @pytest.mark.gpu

@@ -38,8 +38,8 @@ head group therefore goes to the Gluon kernel of :mod:`dsa.mla.kernel_sm90`, whi
 the warpgroups by hand and gives the copies (and fp8 dequantisation) to a producer warpgroup (same
 arguments, same results; ``config=dict(gluon=False)`` keeps this kernel); 16/32-head groups there make
 the gathered rows the M dimension, and 64-head groups over the bf16 cache alternate tiles between the two
-math warpgroups (FlashMLA's ping-pong). 16-head decode over the fp8_ds_mla cache at the batches where it is
-faster goes to :mod:`dsa.mla.kernel_bulk` instead (rows by bulk copies, operands converted in registers for
+math warpgroups (FlashMLA's ping-pong). Decode with 1-16 heads over the fp8_ds_mla cache at the batches where
+it is faster goes to :mod:`dsa.mla.kernel_bulk` instead (rows by bulk copies, operands converted in registers for
 ``mma.sync``; ``config=dict(bulk=False)`` keeps :mod:`dsa.mla.kernel_sm90`). Measured numbers are in BENCHMARKS.md
 (benchmarks/bench_mla.py, bench_mla_bulk.py, sweep.py).
 Applying the fp8 group scale to the dot results instead of to every value (exact, fewer multiplies)
@@ -437,6 +437,44 @@ def order_pays(T: int, num_splits: int, topk: int, S: int, row_bytes: int) -> bo
             and S * row_bytes >= ORDER_MIN_CACHE_BYTES)
 
 
+#: calls with more than 64 heads, not a multiple of 64, whose last 64-head group would be at least half masked heads
+#: (h_q % 64 in 1..32: 72, 80, 88, 96) run as two calls, the 64-head groups and the rest as a small group of its own
+#: (:func:`slice_pays`), from this many query tokens on (keyed by "fp8_ds_mla"): there a masked head costs about
+#: what a real one does, while the second call reads the rows again. Measured on the H200 (BENCHMARKS.md,
+#: thirty-seventh session; CUDA graphs, topk 2048, each token its own request; one call -> two, us): fp8 h_q 72 / 96
+#: batch 128 228.0 -> 211.8 / 229.4 -> 232.7, 256 447.3 -> 369.1 / 467.6 -> 435.1, 2048 3671 -> 3039 / 3843 -> 3563;
+#: bf16 batch 256 319.7 -> 349.8 / 332.8 -> 361.2, 512 652.2 -> 650.2 / 713.8 -> 684.0, 2048 3004 -> 2615 / 3051 ->
+#: 2816; bf16 prefill (4096 tokens, topk 2048 of 128K, do_bench) h_q 72 / 80 / 96 5407 -> 4504 / 5432 -> 4532 / 5597
+#: -> 5178.
+SLICE_MIN_T = {False: 512, True: 256}
+
+
+def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
+    """Whether :func:`sparse_mla_triton` runs the call's heads as two slices, ``[0, 64 k)`` and the rest (see
+    :data:`SLICE_MIN_T`)."""
+    return h_q > 64 and 0 < h_q % 64 <= 32 and T >= SLICE_MIN_T[bool(is_fp8)]
+
+
+def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, num_splits, config, order):
+    """The call as two: heads ``[0, 64 k)`` (whole 64-head groups) and ``[64 k, h_q)`` (one small group), each into
+    its columns of ``out``; their max_logits and lse copied into the call's. The index lists are grouped once for
+    both when :func:`order_pays` (``order`` None)."""
+    T, h_q, _ = q.shape
+    S, topk = kv.shape[0], indices.shape[1]
+    out, max_logits, lse = outputs(T, h_q, d_v, q.device, out)
+    if order is None and order_pays(T, 1, topk, S, kv.shape[1] * kv.element_size()):
+        indices, order = order_indices(indices, S, topk_length), False
+    config = {k: v for k, v in (config or {}).items() if k != "slice_heads"} or None
+    h_main = h_q // 64 * 64
+    for a, b in ((0, h_main), (h_main, h_q)):
+        sink = None if attn_sink is None else attn_sink[a:b]
+        _, ml, ls = sparse_mla_triton(q[:, a:b], kv, indices, sm_scale, d_v, sink, topk_length, out[:, a:b],
+                                      num_splits, config, order)
+        max_logits[:, a:b].copy_(ml)
+        lse[:, a:b].copy_(ls)
+    return out, max_logits, lse
+
+
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
                       num_splits: int | None = None, config: dict | None = None, order: bool | int | None = None):
     """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
@@ -452,10 +490,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
     ``rows=True`` with a
     16/32-head group takes it with the gathered rows as the M dimension; ``bulk=True/False`` takes
-    :mod:`dsa.mla.kernel_bulk` wherever it applies, or never). Without ``config``, small
-    head groups on sm_90 take that kernel where it is supported, and 16-head decode over the fp8 cache
+    :mod:`dsa.mla.kernel_bulk` wherever it applies, or never; ``slice_heads=True/False`` runs more than 64 heads
+    as two slices, the 64-head groups and the rest (:func:`_sliced_heads`), or not). Without ``config``, small
+    head groups on sm_90 take that kernel where it is supported, and 1-16-head decode over the fp8 cache
     :mod:`dsa.mla.kernel_bulk` where :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced
-    ``num_splits``, unless ``bulk=True``). ``order`` forces the index lists grouped by
+    ``num_splits``, unless ``bulk=True``), and on sm_90 the heads are sliced where :func:`slice_pays` says so.
+    ``order`` forces the index lists grouped by
     slot range first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
@@ -468,6 +508,11 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
         if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
             return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
+    sliced = (config or {}).get("slice_heads")
+    if sliced is not False and h_q > 64 and h_q % 64 and (
+            sliced or (not config and kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)
+                       and slice_pays(T, h_q, is_fp8))):
+        return _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, num_splits, config, order)
     out, max_logits, lse = outputs(T, h_q, d_v, dev, out)
     if T == 0:
         return out, max_logits, lse
