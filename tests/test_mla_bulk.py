@@ -107,56 +107,19 @@ def _launches(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,topk,S,splits", [(1, 37, 90, None), (3, 2048, 1 << 15, None), (3, 300, 4096, 4),
-                                             (5, 1000, 5056, 3), (64, 2048, 1 << 16, None), (7, 64, 500, 1),
-                                             (70, 129, 4096, None), (200, 640, 8192, 2), (2, 1, 50, None)])
-@pytest.mark.parametrize("extras", [False, True])
-def test_gpu_bulk_kernel(T, topk, S, splits, extras, monkeypatch):
-    """Against the reference (20% invalid entries, NaN in unused slots, a row with no valid entry; with
-    ``extras`` also topk_length (full, 0, random) and a sink), twice into poisoned output rows padded on both
-    sides (the split counters are the call's own); bitwise equal reruns; and against ``kernel_sm90``."""
+def _check_bulk(monkeypatch, T, H, topk, S, splits, seed, extras, msg):
+    """The bulk kernel on a fresh case (20% invalid entries, NaN in unused slots, a row with no valid entry; with
+    ``extras`` also topk_length (full, 0, random) and a sink) against the reference, twice into poisoned output
+    rows padded on both sides (head stride 640; the split counters are the call's own): its split count, nothing
+    written outside the output rows, lse and max_logits of exactly ``H`` heads, bitwise equal reruns; and against
+    ``kernel_sm90``."""
     skip_unless_hopper()
-    q, kv, idx, sm, sink, tl_ = make_case(T, 16, topk, S, "fp8_ds_mla", seed=T * 7 + topk, with_len=extras,
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "fp8_ds_mla", seed=seed, with_len=extras,
                                           with_sink=extras, empty_rows=(1,) if T > 2 else ())
     if tl_ is not None:
         tl_[0] = topk
         if T > 2:
             tl_[2] = 0
-    flat = ref_mod.flat_kv(kv)
-    calls = _launches(monkeypatch)
-    outs, bigs = [], []
-    for _ in range(2):
-        big = poison_(torch.empty(T, 16, 640, dtype=torch.bfloat16, device=q.device))
-        out = big[:, :, 64:64 + D_V]
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=dict(bulk=True))
-        assert got[0] is out
-        outs.append(got)
-        bigs.append(big)
-    nsm = torch.cuda.get_device_properties(q.device).multi_processor_count
-    assert calls == [KB.split_plan(T, topk, splits, nsm)[0]] * 2
-    for big in bigs:  # nothing written outside the output rows
-        assert torch.isnan(big[:, :, :64].float()).all() and torch.isnan(big[:, :, 64 + D_V:].float()).all()
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    vmax = max_abs_v(kv, idx, S)
-    assert_matches(outs[0], want, vmax, str((T, topk, S, splits, extras)))
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
-    other = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(bulk=False))
-    assert_matches(outs[0], other, vmax, "against kernel_sm90")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,topk,S,splits", [(3, 2048, 1 << 15, None), (5, 1000, 5056, 3), (64, 2048, 1 << 16, None),
-                                             (70, 129, 4096, None), (7, 64, 500, 1)])
-@pytest.mark.parametrize("H", [8, 1, 12])
-def test_gpu_bulk_kernel_fewer_heads(T, topk, S, splits, H, monkeypatch):
-    """Fewer than 16 heads (the missing ones zero in the products, never stored): against the reference with
-    invalid entries, NaN in unused slots, an empty row, topk_length and a sink, into poisoned output rows padded
-    on both sides (head stride 640); lse and max_logits of exactly ``H`` heads; bitwise equal reruns; and against
-    ``kernel_sm90``."""
-    skip_unless_hopper()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, S, "fp8_ds_mla", seed=T * 11 + topk + H, with_len=True,
-                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
     flat = ref_mod.flat_kv(kv)
     calls = _launches(monkeypatch)
     outs, bigs = [], []
@@ -169,14 +132,34 @@ def test_gpu_bulk_kernel_fewer_heads(T, topk, S, splits, H, monkeypatch):
         bigs.append(big)
     nsm = torch.cuda.get_device_properties(q.device).multi_processor_count
     assert calls == [KB.split_plan(T, topk, splits, nsm)[0]] * 2
-    for big in bigs:
+    for big in bigs:  # nothing written outside the output rows
         assert torch.isnan(big[:, :, :64].float()).all() and torch.isnan(big[:, :, 64 + D_V:].float()).all()
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     vmax = max_abs_v(kv, idx, S)
-    assert_matches(outs[0], want, vmax, str((T, topk, S, splits, H)))
+    assert_matches(outs[0], want, vmax, msg)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
     other = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(bulk=False))
-    assert_matches(outs[0], other, vmax, "against kernel_sm90")
+    assert_matches(outs[0], other, vmax, f"{msg} against kernel_sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,topk,S,splits", [(1, 37, 90, None), (3, 2048, 1 << 15, None), (3, 300, 4096, 4),
+                                             (5, 1000, 5056, 3), (64, 2048, 1 << 16, None), (7, 64, 500, 1),
+                                             (70, 129, 4096, None), (200, 640, 8192, 2), (2, 1, 50, None)])
+@pytest.mark.parametrize("extras", [False, True])
+def test_gpu_bulk_kernel(T, topk, S, splits, extras, monkeypatch):
+    """16 heads (:func:`_check_bulk`), with and without topk_length and a sink."""
+    _check_bulk(monkeypatch, T, 16, topk, S, splits, T * 7 + topk, extras, str((T, topk, S, splits, extras)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,topk,S,splits", [(3, 2048, 1 << 15, None), (5, 1000, 5056, 3), (64, 2048, 1 << 16, None),
+                                             (70, 129, 4096, None), (7, 64, 500, 1)])
+@pytest.mark.parametrize("H", [8, 1, 12])
+def test_gpu_bulk_kernel_fewer_heads(T, topk, S, splits, H, monkeypatch):
+    """Fewer than 16 heads (the missing ones zero in the products, never stored; :func:`_check_bulk`), with
+    topk_length and a sink."""
+    _check_bulk(monkeypatch, T, H, topk, S, splits, T * 11 + topk + H, True, str((T, topk, S, splits, H)))
 
 
 @pytest.mark.gpu
