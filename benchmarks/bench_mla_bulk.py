@@ -129,7 +129,8 @@ def timings(batches=(32, 64, 128), heads=16):
             print(f"T {T} splits {ns}: sm90 {ms_sm90 * 1e3:.1f} us, default {ms_def * 1e3:.1f}, walk (one split) "
                   f"{ms_walk * 1e3:.1f}, bulk kernel: copies alone {copies * 1e3:.1f}, whole call {whole * 1e3:.1f}",
                   flush=True)
-    print(f"\nus, h_q {heads}, fp8_ds_mla, topk 2048 of 32K per token; 'walk': bulk_gather.py's copies alone (one split)")
+    print(f"\nus, h_q {heads}, fp8_ds_mla, topk 2048 of 32K per token; "
+          "'walk': bulk_gather.py's copies alone (one split)")
     print(f"{'batch':>5} {'splits':>6} {'sm90':>6} {'default':>7} {'walk':>6} {'copies':>6} {'bulk':>6}")
     for r in rows:
         print(f"{r[0]:5d} {r[1]:6d} " + " ".join(f"{x * 1e3:{w}.1f}" for x, w in zip(r[2:], (6, 7, 6, 6, 6))))

@@ -381,7 +381,8 @@ def _tile(i, red, rsum, idx, idx_row, start, stop, rows, prow, S, full, off_sc, 
 
 @gluon.jit
 def _math(red, rsum, full, empty, q_ptr, stride_qt, stride_qh, idx_row, o_ptr, lse_ptr, ml_ptr, t64, sid, T, start,
-          stop, n_tiles, S, NH: gl.constexpr, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr, sink_ptr, trace_ptr,
+          stop, n_tiles, S, NH: gl.constexpr, sm_scale_log2, out_ptr, stride_ot, stride_oh, fl_ptr, fm_ptr, cnt_ptr,
+          sink_ptr, trace_ptr,
           NSTAGES: gl.constexpr, RING_OFF: gl.constexpr, EMPTY_OFF: gl.constexpr, SKIP: gl.constexpr,
           RED_L: gl.constexpr, L4: gl.constexpr, OUT_L: gl.constexpr, IDX_L: gl.constexpr,
           NSPLIT: gl.constexpr, HAS_SINK: gl.constexpr, TRACE: gl.constexpr):
