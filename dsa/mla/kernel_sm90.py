@@ -80,7 +80,10 @@ math warpgroup through shared memory, which keeps the softmax and P.V): correct,
 The converse, the producers' dequantisation done before they wait for their buffer (only the stores after it):
 within -0.4 / +1.6%, so in the default the math warpgroup's tile is at least as long as the fill. A 32-head group as
 two 16-head math warpgroups sharing each tile (own q, P and softmax each): fp8 7-29% slower, bf16 3-9% (each reads the
-whole tile as its operands).
+whole tile as its operands). For ``LAZY`` 32-head groups, whether the max grew learned from one flag per warp (some P
+above ``2**LAZY_TAU``: a vote) instead of each warp's max of every head, the tile's max taken only when a flag is set
+and the true running max kept per thread and reduced at the end: bitwise the same results, fp8 batch 32 / 64 / 128
+13-19% slower, bf16 3%, prefill 7% (120 bytes of the math warpgroup's loop-invariant values spilled).
 
 What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
 on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
