@@ -832,7 +832,7 @@ def test_gpu_sm90_small_heads_default_dispatch(T, H, kv_format, monkeypatch):
 @pytest.mark.parametrize("T,H,kv_format,want", [(512, 72, "bf16", [64, 16]), (256, 96, "fp8_ds_mla", [64, 32]),
                                                 (512, 112, "bf16", [64]), (511, 96, "bf16", [64]),
                                                 (255, 80, "fp8_ds_mla", [64]), (512, 128, "fp8_ds_mla", [64])])
-def test_gpu_sliced_heads_default(T, H, kv_format, want, monkeypatch):
+def test_gpu_sm90_sliced_heads_default(T, H, kv_format, want, monkeypatch):
     """On sm_90 the default runs 72-96 heads from ``SLICE_MIN_T`` tokens as two calls (64 heads, then the rest as a
     small group, which the launches' head-group sizes show), other head counts and fewer tokens as one; against the
     reference, with a sink, topk_length and a poisoned ``out``."""
