@@ -34,7 +34,8 @@ from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import SM90_TWO_GROUPS_MAX_T, block_h_for, choose_num_splits, sparse_mla_triton
-from utils import DEVICE, gen, poison_, record_launches, skip_unless_gluon_triton, skip_unless_hopper
+from utils import (DEVICE, compiled_in_subprocess, gen, poison_, record_launches, skip_unless_gluon_triton,
+                   skip_unless_hopper)
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
@@ -883,18 +884,96 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,topk,splits,cluster", [
+    (3, 16, 300, None, None), (40, 16, 2048, 2, False), (5, 32, 1000, 3, False), (2, 32, 2048, None, None),
+    (7, 24, 129, 1, None), (4, 8, 640, None, None), (33, 40, 200, 1, None),
+    (1, 32, 64, 1, None),  # one tile: the second warpgroup owns none
+    (2, 32, 130, 1, None),  # three tiles, the last one a single row
+    (3, 32, 1000, 3, True),  # splits merged inside the kernel (clusters of 4, the 4th split empty)
+    (64, 32, 2048, None, None),  # decode-like: 2 splits, 16 tiles each
+])
+@pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None),
+                                               ("fp8_ds_mla", dict(regs=104, early=4, math_regs=152))])
+def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, monkeypatch):
+    """The pair schedule of the small-head Gluon kernel (two math warpgroups on alternate tiles, one reference max
+    passed between them, each owning 256 output columns; each with its own producer warpgroup) against the
+    reference and the Triton kernel: odd and even tile counts, one tile, tails, invalid entries, empty rows,
+    topk_length (later tiles empty), sink, splits (also merged in clusters), NaN in unused slots, poisoned out;
+    bitwise deterministic; the launch asked for it."""
+    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
+
+    kernel_sm90 = _sm90_or_skip()
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 3, with_len=True,
+                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
+    tl_[0] = topk
+    calls = record_launches(monkeypatch, kernel_sm90, "pair")
+    flat = ref_mod.flat_kv(kv)
+    cfg = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=True, producer=producer)
+    if cluster is not None:
+        cfg["cluster"] = cluster
+    outs = []
+    for _ in range(2):
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=cfg)
+        assert got[0] is out
+        outs.append(got)
+    assert calls == [True, True]
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(outs[0], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
+    assert len(calls) == 2
+    assert_matches(outs[0], portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
+
+
+_PAIR_COMPILE = r"""
+import ab_mla_pair as A
+
+for fmt in ("bf16", "fp8_ds_mla"):
+    for h in (16, 32):
+        for name, args in (("2 splits, len, sink", (2, False, True)), ("clusters of 4, len, sink", (4, True, True))):
+            k = A.compile_only(fmt, h, *args)
+            out[f"{fmt} h{h} {name}"] = dict(G.sass_counts(k, PRE), shared=k.metadata.shared)
+"""
+
+
+def test_sm90_pair_compiles():
+    """The pair schedule compiles for sm_90a (on any machine) in both formats, 16 and 32 heads, split and merged in
+    clusters: it fits in shared memory, its four partitions set their registers, the products are all there (per
+    math warpgroup and tile QK 36 m64 wgmmas, P.V of its 256 columns 16 for its own tile and 16 for the other's;
+    the default warpgroup's loop holds the first tile's QK twice, and each has the last tile's P.V once more after
+    its loop), and at most a few values are spilled."""
+    c = compiled_in_subprocess(_PAIR_COMPILE, ("STL", "LDL", "HGMMA", "USETMAXREG"))
+    assert len(c) == 8
+    for name, counts in c.items():
+        assert counts["shared"] <= 232448, (name, counts)  # the H200's opt-in maximum per block
+        assert counts["HGMMA.64"] == (36 + 36 + 16 + 16) + (36 + 16 + 16) + 2 * 16, (name, counts)
+        assert counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 4, (name, counts)
+        spills = sum(v for k, v in counts.items() if k.startswith(("STL", "LDL")))
+        assert spills <= (24 if "h32" in name else 4), (name, counts)
+
+
+def test_sm90_pair_refuses_64_heads():
+    """``pair=True`` serves 16/32-head groups only: a 64-head group is refused before any launch."""
+    from dsa.mla import kernel_sm90
+
+    with pytest.raises(ValueError, match="pair schedule serves 16/32-head groups"):
+        kernel_sm90.launch((1, 1), *([None] * 23), block_h=64, pair=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
-@pytest.mark.parametrize("lazy", [(), (16, 32)])
-def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, monkeypatch):
+@pytest.mark.parametrize("lazy,pair", [((), False), ((16, 32), False), ((), True)])
+def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, pair, monkeypatch):
     """The small-head Gluon kernel on logits that rise or fall along the index list, ``slope`` log2 units per entry:
     0.25 is 16 per 64-row tile, past ``LAZY_TAU`` (8) at every tile, so P is redone against the new max; 0.05 is 1-5
     per tile, under it, so P runs above 1 against the earlier tiles' max for a few tiles before a redo; -0.25 has
     the max in the first tile.
     Row 1 takes the list backwards, row 2 has invalid entries scattered through it. With P against the earlier
-    tiles' max (``LAZY_MAX``) for these head groups and without it, whole and split, into poisoned outputs, NaN in
-    unused slots, against the reference."""
+    tiles' max (``LAZY_MAX``) for these head groups and without it, and in the pair schedule (whose two warpgroups
+    share that reference max), whole and split, into poisoned outputs, NaN in unused slots, against the reference."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
     kernel_sm90 = _sm90_or_skip()
@@ -925,7 +1004,7 @@ def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, monkeypatch):
     for ns in (None, 2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
         got = sparse_mla_triton(q, kv, idx, sm, D_V, None, None, out, num_splits=ns,
-                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H))
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H, pair=pair))
         assert got[0] is out
         assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
     assert calls == [H, H]
@@ -1074,7 +1153,8 @@ if fp8:
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False)  # fp8: alternate tiles
+                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,
+                  PAIR=False)  # fp8: alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"

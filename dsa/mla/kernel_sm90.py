@@ -38,6 +38,16 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
   ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
   heads, where the producers' fill sets the time per tile).
+* 16/32-head groups in the pair schedule (``PAIR``, :func:`_math_pair`; ``config pair=True``, not the default):
+  two math warpgroups on alternate tiles, each tile filled by its own producer warpgroup (the fp8 ones dequantise),
+  so that one warpgroup's softmax runs while the other's products do. Each owns its tiles' QK, softmax and P, and
+  256 of the 512 output columns of every tile (P.V of its own tile, and of the other's with the P that one
+  publishes); one reference max as ``LAZY``, its changes passed with P. Why: the one math warpgroup of
+  :func:`_math_rows` runs QK, softmax and P.V of each tile as one dependency chain (32 heads over fp8: about 4,400
+  clocks per tile, of which the products at their measured wgmma rates take about 1,750), and FA3's overlap of one tile's
+  softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which does not fit. Built and
+  compiled for sm_90a (no spill stores in its loops, two reloads per tile in each fp8 producer); not yet run on
+  a GPU (BENCHMARKS.md, thirty-eighth session).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
@@ -182,6 +192,15 @@ PRODUCER_PP = dict(regs=56, math_regs=208)
 #: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
 #: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
+#: the pair schedule (:func:`_math_pair`) for these head-group sizes over these cache formats by default (``"bf16"``,
+#: ``"fp8_ds_mla"``), and its registers: each producer warpgroup and the worker math warpgroup (the default one gets
+#: the rest)
+PAIR = {}
+#: (sm_90a compile, 32 heads: no spills in any loop at these, but two reloads per tile in each fp8 producer; fp8 with
+#: early 4 spilled in the producers at 104 registers and in the math warpgroups at 136; the default math warpgroup
+#: reloaded 3 values per tile with 96 / 160)
+PRODUCER_PAIR = {False: dict(regs=80, early=0, warps=8, math_regs=160), True: dict(regs=88, early=2, warps=8,
+                                                                                   math_regs=160)}
 
 
 @gluon.jit
@@ -564,6 +583,139 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
               sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top if LAZY else None)
 
 
+@gluon.jit
+def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
+    """Issue (async) ``S^T = K q^T`` of one tile, the rows as M: the rope part, then the values."""
+    sc = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
+
+
+@gluon.jit
+def _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j, WG: gl.constexpr, BH: gl.constexpr,
+                z, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """:func:`_math_pair`: the other warpgroup's tile ``j``: wait for its P and the reference max after it, rescale
+    this warpgroup's accumulator and sums by the tile's ``alpha`` and issue P.V on this warpgroup's 256 columns
+    (async; returns the accumulator in flight, the sums and the reference max)."""
+    head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    b: gl.constexpr = 1 - WG
+    mbarrier.wait(pready.index(b), (j // 2) & 1)
+    alpha = x_smem.slice((2 * b) * BH, BH).load(head_s)
+    m_i = x_smem.slice((2 * b + 1) * BH, BH).load(head_s)
+    l_2d = l_2d * gl.expand_dims(alpha, 0)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+    kn = k_nope_smem.index(b + z)
+    acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_smem.index(b + z), acc, is_async=True)
+    return acc, l_2d, m_i
+
+
+@gluon.jit
+def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_smem, x_smem, e_smem, full, empty, pready,
+               xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
+               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr,
+               WG: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
+    """One of the two math warpgroups of a 16/32-head group in the pair schedule (``PAIR``; WG 0: the default
+    partition, WG 1: a worker), the rows as M as in :func:`_math_rows`. Warpgroup ``WG`` owns the tiles ``WG, WG + 2,
+    ...`` (buffer ``WG``, filled by its own producer warpgroup): their QK ``S^T [64 rows, BH]``, the online softmax
+    and P (``p_smem`` index ``WG``); and output columns ``[256 WG, 256 WG + 256)`` of every tile: P.V of its own tile
+    with its own P, of the other one's with the P the other published. So one warpgroup's softmax runs while the
+    other's products do.
+
+    One reference max for both, as ``LAZY`` in :func:`_math_rows`: P is taken against the reference after the
+    previous tile; the owner of a tile whose max exceeds it by more than ``LAZY_TAU`` (or the first valid tile) redoes
+    P against the new max and publishes the tile's ``alpha`` (else 1) and the reference after it (``x_smem``, by tile
+    parity), with P (``pready``); the other warpgroup rescales its accumulator and sums by ``alpha`` before its P.V of
+    that tile. Each tile buffer is released (``empty``, two arrivals) once both warpgroups' products on it are done.
+    Per own tile: the other's previous tile's P.V is issued behind this tile's QK, both waited together; then the
+    softmax, the P.V of the own tile, and its release."""
+    BN: gl.constexpr = 64
+    DV: gl.constexpr = 512
+    DR: gl.constexpr = 64
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
+    head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if WG == 0:
+        cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        _load_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, DV, DR,
+                cp_l)
+        fence_async_shared()
+        _signal(xbar.index(0))  # q is in
+    mbarrier.wait(xbar.index(0), 0)
+
+    m_i = gl.full([BH], float("-inf"), gl.float32, head_s)  # the reference max
+    # the true running max of the own tiles, kept in shared memory (registers are short)
+    m_top_smem = e_smem.slice((2 * WG + 1) * BH, BH)
+    m_top_smem.store(gl.full([BH], float("-inf"), gl.float32, head_s))
+    l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums of the own tiles
+    acc = gl.zeros([256, BH], gl.float32, o_layout)  # O^T, this warpgroup's 256 columns
+    s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
+    m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    for k in range((n_tiles - WG + 1) // 2):
+        j = WG + 2 * k
+        # (z is 0: the buffers' addresses are formed in the loop, as in _math_pp)
+        z = k // (n_tiles + 1)
+        kn = k_nope_smem.index(WG + z)
+        valid_s, _ = _tile_rows(idx_row, start + j * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
+        mbarrier.wait(full.index(WG), k & 1)
+        if j > 0:  # the other warpgroup's previous tile: its P.V behind this QK
+            sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
+            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
+                                         s_layout, o_layout)
+            acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
+            _signal(empty.index(1 - WG))
+        else:
+            sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+
+        sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
+        m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
+        ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
+        p = gl.exp2(sc - gl.expand_dims(ref, 0))
+        p_own = p_smem.index(WG + z)
+        p_own.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
+                         gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
+        m_top_smem.store(gl.maximum(m_top_smem.load(head_s), m_t))  # (every thread its own values: no race)
+        grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
+        alpha = gl.full([BH], 1.0, gl.float32, head_s)
+        if grow:
+            m_new = gl.maximum(m_i, m_t)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(sc - gl.expand_dims(m_use, 0))
+            l_2d = l_2d * gl.expand_dims(alpha, 0) + p
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+            p_own.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            m_i = m_new
+        else:
+            l_2d = l_2d + p
+        x_smem.slice((2 * WG) * BH, BH).store(alpha)
+        x_smem.slice((2 * WG + 1) * BH, BH).store(m_i)
+        _signal(pready.index(WG))
+        acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_own, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        _signal(empty.index(WG))
+    if n_tiles > 0:
+        if (n_tiles - 1) % 2 != WG:  # the other warpgroup's last tile comes after this one's last
+            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, n_tiles - 1, WG, BH, 0,
+                                         s_layout, o_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    # both sums are relative to the same final reference: add them, and the true maxima, through shared memory
+    e_smem.slice((2 * WG) * BH, BH).store(gl.sum(l_2d, 0))
+    _signal(xbar.index(1 + WG))
+    mbarrier.wait(xbar.index(2 - WG), 0)
+    l_tot = gl.sum(l_2d, 0) + e_smem.slice((2 - 2 * WG) * BH, BH).load(head_s)
+    m_top = gl.maximum(m_top_smem.load(head_s), e_smem.slice((3 - 2 * WG) * BH, BH).load(head_s))
+    _epilogue(acc, l_tot, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
+              h_q, BH, 256 * WG, 1, o_layout, HAS_SINK, SPLIT, WG == 0, m_top)
+    if CLUSTER > 1:
+        if WG == 1:  # the worker's part of the cluster barrier (after its partial stores)
+            _cluster_barrier(4, False)
+
+
 # ------------------------------------------------------------------------------------------------------
 # 64-head groups, ping-pong: the two math warpgroups own alternate tiles (pairs of tiles per step)
 # ------------------------------------------------------------------------------------------------------
@@ -926,7 +1078,7 @@ def _sparse_mla_sm90_kernel(
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = False,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -935,6 +1087,8 @@ def _sparse_mla_sm90_kernel(
     * ``PINGPONG`` (64 heads, bf16 cache; launched with 4 warps): two math warpgroups owning alternate tiles
       (:func:`_math_pp`; the worker one with ``MATH_REGS`` registers), :func:`_producer_pp`, each buffer released
       in halves.
+    * ``PAIR`` (16 or 32 heads; 4 warps): two math warpgroups on alternate tiles, each with its own producer
+      warpgroup (:func:`_math_pair`, :func:`_producer` on alternate tiles).
     * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
       (4 warps): one, the rows as M (:func:`_math_rows`); :func:`_producer` (``EARLY`` fp8 groups loaded before a
       buffer is free), two mbarriers per buffer (full, empty)."""
@@ -992,6 +1146,44 @@ def _sparse_mla_sm90_kernel(
                 (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
                                 idx_row, start, n_pairs, stop, S, 0, PRODUCER_WARPS, CLUSTER)),
             ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
+    elif PAIR:  # 16/32 heads: two math warpgroups on alternate tiles, each with its own producer warpgroup
+        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DV], sh)
+        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], sh)
+        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+        vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        m_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        pp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BH],
+                                            gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
+        m0_smem = gl.allocate_shared_memory(gl.float32, [4, BH], m_l)
+        m1_smem = gl.allocate_shared_memory(gl.float32, [4, BH], m_l)
+        x_smem = gl.allocate_shared_memory(gl.float32, [4 * BH], vec)
+        e_smem = gl.allocate_shared_memory(gl.float32, [4 * BH], vec)
+        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pempty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2):
+            mbarrier.init(pfull.index(j), count=1)
+            mbarrier.init(pempty.index(j), count=2)
+            mbarrier.init(pready.index(j), count=1)
+        for j in gl.static_range(3):
+            mbarrier.init(xbar.index(j), count=1)
+        start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
+        gl.warp_specialize([
+            (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m0_smem, x_smem, e_smem,
+                          pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
+                          stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
+                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER)),
+            (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m1_smem, x_smem, e_smem,
+                          pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
+                          stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
+                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER)),
+            (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
+            (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
+                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
+        ], [4, 4, 4], [MATH_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
         q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
@@ -1115,14 +1307,18 @@ def max_active_clusters(n: int, device_index: int = 0) -> int | None:
     return int(count.value) if rc == 0 else None
 
 
-def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
+def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None,
+                    pair: bool = False) -> dict:
     """The producer settings a launch uses: ``warps``, ``regs``, ``early`` (fp8 groups loaded before a buffer is
-    free), ``math_regs`` (the ping-pong's worker math warpgroup) and ``alt`` (tiles per program from which two
-    producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP` for the ping-pong
-    schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, else :data:`PRODUCER`; then
-    ``producer``'s entries over them (benchmarks)."""
+    free), ``math_regs`` (the worker math warpgroup of the ping-pong and pair schedules) and ``alt`` (tiles per
+    program from which two producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP`
+    for the ping-pong schedule, :data:`PRODUCER_PAIR` for the pair schedule (``pair``; its ``warps`` is always 8: one
+    producer warpgroup per math warpgroup), :data:`PRODUCER_ROWS_FP8` for other 16/32-head groups over the fp8 cache,
+    else :data:`PRODUCER`; then ``producer``'s entries over them (benchmarks)."""
     if pingpong:
         base = PRODUCER_PP
+    elif pair:
+        base = PRODUCER_PAIR[is_fp8]
     elif is_fp8 and block_h < BLOCK_H:
         base = PRODUCER_ROWS_FP8
     else:
@@ -1139,7 +1335,7 @@ def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None):
+           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, pair=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
     :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
@@ -1148,7 +1344,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
     :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
-    instead."""
+    instead. ``pair`` (16/32-head groups; ``None``: :data:`PAIR`) picks the pair schedule (:func:`_math_pair`)."""
+    if pair and block_h >= BLOCK_H:
+        raise ValueError("config pair=True: the pair schedule serves 16/32-head groups only")
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -1162,7 +1360,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     else:
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
-    prod = producer_config(is_fp8, block_h, pp, producer)
+    if pair is None:
+        pair = block_h in PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", ())
+    prod = producer_config(is_fp8, block_h, pp, producer, bool(pair))
     if persist is None:
         persist = PERSIST and h_q > BLOCK_H
     persist = (persist and pp and not split and cluster == 0 and num_sms > 0
@@ -1175,6 +1375,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, PERSIST=persist, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=bool(pair), num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
