@@ -15,7 +15,7 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
+from dsa.bench import MLA_SHAPES, mla_inputs, mla_run_checked  # noqa: E402
 from dsa.mla import kernel_sm90 as K  # noqa: E402
 from dsa.mla import sparse_mla, sparse_mla_ref  # noqa: E402
 
@@ -43,14 +43,9 @@ def main():
         res, errs = {}, {}
         for n, v in VARIANTS.items():
             K.LAZY_MAX = v
-            out.fill_(float("nan"))
-            _, ml, lse = fn()
-            torch.cuda.synchronize()
-            res[n] = (out.clone(), ml.clone(), lse.clone())
-            if want is not None:
-                errs[n] = ((out.float() - want[0].float()).abs().max().item(),
-                           ((lse - want[2]).abs() / want[2].abs().clamp(min=1)).max().item(),
-                           (ml - want[1]).abs().max().item())
+            res[n], err = mla_run_checked(fn, out, want)
+            if err is not None:
+                errs[n] = err
         d = max((res["default"][k].float() - res["lazy"][k].float()).abs().max().item() for k in range(3))
         times = {n: [] for n in VARIANTS}
         for _ in range(rounds):

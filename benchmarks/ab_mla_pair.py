@@ -20,7 +20,7 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dsa.bench import mla_baseline, mla_baseline_chunk, mla_counts, mla_inputs  # noqa: E402
+from dsa.bench import mla_baseline, mla_baseline_chunk, mla_counts, mla_inputs, mla_run_checked  # noqa: E402
 from dsa.mla import sparse_mla, sparse_mla_ref  # noqa: E402
 from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS, sparse_mla_triton  # noqa: E402
 
@@ -105,13 +105,9 @@ def main():
             want = None if prefill else sparse_mla_ref(q, kv, idx, SM_SCALE)
             res, errs = {}, {}
             for n, fn in calls.items():
-                out.fill_(float("nan"))
-                _, ml, lse = fn()
-                torch.cuda.synchronize()
-                res[n] = (out.clone(), ml.clone(), lse.clone())
-                if want is not None:
-                    errs[n] = ((out.float() - want[0].float()).abs().max().item(),
-                               ((lse - want[2]).abs() / want[2].abs().clamp(min=1)).max().item())
+                res[n], err = mla_run_checked(fn, out, want)
+                if err is not None:
+                    errs[n] = err[:2]
             d = max((res["rows"][k].float() - res["pair"][k].float()).abs().max().item() for k in range(3))
             times = {n: [] for n in calls}
             for _ in range(args.rounds):

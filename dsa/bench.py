@@ -514,6 +514,20 @@ def mla_baseline(q, kv, idx, sm_scale, chunk):
     return out
 
 
+def mla_run_checked(fn, out, want=None):
+    """Run a sparse-MLA call ``fn()`` (returning ``(out, max_logits, lse)`` with ``out`` its output tensor) once into
+    a NaN-poisoned ``out``. Returns copies of its three results and, against the reference's ``want``, ``(max |out
+    - ref|, max relative lse error, max |max_logits - ref|)`` (None without ``want``): the A/B benchmarks' check."""
+    out.fill_(float("nan"))
+    _, ml, lse = fn()
+    torch.cuda.synchronize()
+    res = (out.clone(), ml.clone(), lse.clone())
+    if want is None:
+        return res, None
+    return res, ((out.float() - want[0].float()).abs().max().item(),
+                 ((lse - want[2]).abs() / want[2].abs().clamp(min=1)).max().item(), (ml - want[1]).abs().max().item())
+
+
 def mla_counts(T, h_q, topk, kv_format):
     flops = 2.0 * T * h_q * topk * (D_QK + D_V)
     rowb = D_QK * 2 if kv_format == "bf16" else FP8_DS_MLA_ROW_BYTES

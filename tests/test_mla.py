@@ -898,32 +898,16 @@ def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, 
     """The pair schedule of the small-head Gluon kernel (two math warpgroups on alternate tiles, one reference max
     passed between them, each owning 256 output columns; each with its own producer warpgroup) against the
     reference and the Triton kernel: odd and even tile counts, one tile, tails, invalid entries, empty rows,
-    topk_length (later tiles empty), sink, splits (also merged in clusters), NaN in unused slots, poisoned out;
+    topk_length (one row's list empty), sink, splits (also merged in clusters), NaN in unused slots, poisoned out;
     bitwise deterministic; the launch asked for it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
-    kernel_sm90 = _sm90_or_skip()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 3, with_len=True,
-                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
-    tl_[0] = topk
-    calls = record_launches(monkeypatch, kernel_sm90, "pair")
-    flat = ref_mod.flat_kv(kv)
-    cfg = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=True, producer=producer)
+    config = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=True, producer=producer)
     if cluster is not None:
-        cfg["cluster"] = cluster
-    outs = []
-    for _ in range(2):
-        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=cfg)
-        assert got[0] is out
-        outs.append(got)
-    assert calls == [True, True]
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(outs[0], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
-    portable = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, num_splits=splits, config=dict(gluon=False))
-    assert len(calls) == 2
-    assert_matches(outs[0], portable, max_abs_v(kv, idx, 4096), "vs the small-head Triton programs")
+        config["cluster"] = cluster
+    case = dict(T=T, H=H, topk=topk, S=4096, splits=splits, with_len=True, with_sink=True,
+                empty_rows=(1, ) if T > 2 else ())
+    assert _check_sm90_case(case, kv_format, config, "pair", monkeypatch) == [True, True]
 
 
 _PAIR_COMPILE = r"""

@@ -500,6 +500,35 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
 
 
 @gluon.jit
+def _lazy_tile_max(m_smem, BH: gl.constexpr, head_s: gl.constexpr):
+    """``LAZY``: the tile's max of each head, from the four warps' maxima in ``m_smem`` ``[4, BH]`` (read after the
+    barrier that follows their store)."""
+    m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    return gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
+                      gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
+
+
+@gluon.jit
+def _lazy_grows(m_t, m_i):
+    """``LAZY``: whether some head's tile max ``m_t`` exceeds the reference ``m_i`` by more than ``LAZY_TAU`` (always
+    at the first tile with a valid entry, where the reference is ``-inf``)."""
+    return gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
+
+
+@gluon.jit
+def _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout: gl.constexpr):
+    """``LAZY``, when :func:`_lazy_grows`: P of the scaled logits ``sc`` ``[rows, heads]``, the per-row sums and the
+    accumulator ``O^T`` against the new reference max. Returns ``(p, alpha, l_2d, acc, m_new)``."""
+    m_new = gl.maximum(m_i, m_t)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(sc - gl.expand_dims(m_use, 0))
+    l_2d = l_2d * gl.expand_dims(alpha, 0) + p
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+    return p, alpha, l_2d, acc, m_new
+
+
+@gluon.jit
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -548,18 +577,10 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-            m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
-                             gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
+            m_t = _lazy_tile_max(m_smem, BH, head_s)
             m_top = gl.maximum(m_top, m_t)
-            grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
-            if grow:
-                m_new = gl.maximum(m_i, m_t)
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(sc - gl.expand_dims(m_use, 0))
-                l_2d = l_2d * gl.expand_dims(alpha, 0) + p
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+            if _lazy_grows(m_t, m_i):
+                p, alpha, l_2d, acc, m_new = _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout)
                 p_smem.store(p.to(gl.bfloat16))
                 fence_async_shared()
                 gl.thread_barrier()
@@ -648,7 +669,6 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
     l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums of the own tiles
     acc = gl.zeros([256, BH], gl.float32, o_layout)  # O^T, this warpgroup's 256 columns
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
-    m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     for k in range((n_tiles - WG + 1) // 2):
         j = WG + 2 * k
         # (z is 0: the buffers' addresses are formed in the loop, as in _math_pp)
@@ -674,18 +694,11 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
         p_own.store(p.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()
-        m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
-                         gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
+        m_t = _lazy_tile_max(m_smem, BH, head_s)
         m_top_smem.store(gl.maximum(m_top_smem.load(head_s), m_t))  # (every thread its own values: no race)
-        grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
         alpha = gl.full([BH], 1.0, gl.float32, head_s)
-        if grow:
-            m_new = gl.maximum(m_i, m_t)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(sc - gl.expand_dims(m_use, 0))
-            l_2d = l_2d * gl.expand_dims(alpha, 0) + p
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+        if _lazy_grows(m_t, m_i):
+            p, alpha, l_2d, acc, m_new = _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout)
             p_own.store(p.to(gl.bfloat16))
             fence_async_shared()
             m_i = m_new
