@@ -1,6 +1,7 @@
 """Test set-up: on a machine without a GPU every Triton kernel runs under
 Triton's CPU interpreter (TRITON_INTERPRET=1, set here before dsa is imported).
 Tests marked ``gpu`` use larger shapes and run only when CUDA is present."""
+import faulthandler
 import os
 
 import torch
@@ -20,6 +21,25 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 if _workers > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
+
+# A deadlocked GPU kernel blocks the host thread inside a CUDA call, where neither pytest nor a signal handler can
+# interrupt it, and the run would wait until its outer time limit. So each test runs under a watchdog thread
+# (``faulthandler.dump_traceback_later``) that prints every thread's stack and ends the process after DSA_TEST_HANG_S
+# seconds (default 300 with a GPU, off without one; 0: off). Under pytest-xdist the ended worker is reported as that
+# test's crash and replaced, and the run goes on.
+HANG_S = float(os.environ.get("DSA_TEST_HANG_S", "300" if ON_GPU else "0"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if HANG_S > 0:
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+    try:
+        yield
+    finally:
+        if HANG_S > 0:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config, items):
