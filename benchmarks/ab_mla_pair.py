@@ -8,7 +8,7 @@ beside them the default call (``sparse_mla`` as it picks: for 16-head fp8 decode
 each variant's largest |out - reference| and lse error on the decode rows (the PyTorch reference), the largest
 difference between the two schedules, and the times (µs); the table is printed last. H200.
 
-    python benchmarks/ab_mla_pair.py [ROUNDS] [--cases fp8_h32,bf16_h16,...]
+    python benchmarks/ab_mla_pair.py [ROUNDS] [--cases fp8_h32,bf16_h16,...] [--splits 1,2,4]
 """
 from __future__ import annotations
 
@@ -85,7 +85,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("rounds", nargs="?", type=int, default=3)
     ap.add_argument("--cases", default="fp8_h32,fp8_h16,bf16_h32,bf16_h16,prefill")
+    ap.add_argument("--splits", default="", help="also the pair schedule at these forced split counts (decode rows "
+                    "from batch 32), e.g. 1,2,4: whether it wants fewer splits than the default picks")
     args = ap.parse_args()
+    forced = [int(x) for x in args.splits.split(",") if x]
     rows = []
     for group in args.cases.split(","):
         for name, T, h_q, nreq, s_kv, fmt in GROUPS[group]:
@@ -93,8 +96,9 @@ def main():
             flat = kv.reshape(-1, kv.shape[-1])
             out = torch.empty(T, h_q, 512, dtype=torch.bfloat16, device="cuda")
             bh = 16 if h_q <= 16 else 32
-            def call(**cfg):
-                return lambda: sparse_mla_triton(q, flat, idx, SM_SCALE, out=out,
+
+            def call(num_splits=None, **cfg):
+                return lambda: sparse_mla_triton(q, flat, idx, SM_SCALE, out=out, num_splits=num_splits,
                                                  config=dict(SM90_ROWS_SMALL_HEADS, block_h=bh, **cfg))
 
             calls = {"rows": call(pair=False), "pair": call(pair=True)}
@@ -102,6 +106,9 @@ def main():
                 calls["pair e4"] = call(pair=True, producer=PAIR_EARLY4)
             calls["default"] = lambda: sparse_mla(q, kv, idx, SM_SCALE, out=out)
             prefill = name.startswith("prefill")
+            if not prefill and T >= 32:
+                for ns in forced:
+                    calls[f"pair /{ns}"] = call(ns, pair=True)
             want = None if prefill else sparse_mla_ref(q, kv, idx, SM_SCALE)
             res, errs = {}, {}
             for n, fn in calls.items():
@@ -135,6 +142,12 @@ def main():
         e = {n: "/".join(f"{x:.1g}" for x in errs[n]) if errs else "-" for n in ("rows", "pair")}
         print(f"{name:<18}{r:9.1f}{p:9.1f}{(p / r - 1) * 100:+7.1f}%{p4:9.1f}{df:9.1f}{flops / best / 1e6:9.1f}"
               f"{nbytes / best / 1e3:7.0f}{base:9.1f}{d:9.2g}  {e['rows']:<18}{e['pair']:<18}")
+    if forced:
+        heads = "".join(f"{f'pair /{ns}':>10}" for ns in forced)
+        print(f"\n{'case':<18}{'pair µs':>9}{heads}   (forced splits)")
+        for name, d, errs, t, *_ in rows:
+            if f"pair /{forced[0]}" in t:
+                print(f"{name:<18}{med(t['pair']):9.1f}" + "".join(f"{med(t[f'pair /{ns}']):10.1f}" for ns in forced))
 
 
 if __name__ == "__main__":
