@@ -44,8 +44,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   256 of the 512 output columns of every tile (P.V of its own tile, and of the other's with the P that one
   publishes); one reference max as ``LAZY``, its changes passed with P. Why: the one math warpgroup of
   :func:`_math_rows` runs QK, softmax and P.V of each tile as one dependency chain (32 heads over fp8: about 4,400
-  clocks per tile, of which the products at their measured wgmma rates take about 1,750), and FA3's overlap of one tile's
-  softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which does not fit. Built and
+  clocks per tile, of which the products at their measured wgmma rates take about 1,750), and FA3's overlap of one
+  tile's softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which does not fit. Built and
   compiled for sm_90a (no spill stores in its loops, two reloads per tile in each fp8 producer); not yet run on
   a GPU (BENCHMARKS.md, thirty-eighth session).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
@@ -192,13 +192,13 @@ PRODUCER_PP = dict(regs=56, math_regs=208)
 #: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
 #: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
-#: the pair schedule (:func:`_math_pair`) for these head-group sizes over these cache formats by default (``"bf16"``,
-#: ``"fp8_ds_mla"``), and its registers: each producer warpgroup and the worker math warpgroup (the default one gets
-#: the rest)
+#: the head-group sizes that take the pair schedule (:func:`_math_pair`) by default, per cache format (``"bf16"``,
+#: ``"fp8_ds_mla"``): none until it is measured (BENCHMARKS.md, thirty-eighth session)
 PAIR = {}
-#: (sm_90a compile, 32 heads: no spills in any loop at these, but two reloads per tile in each fp8 producer; fp8 with
-#: early 4 spilled in the producers at 104 registers and in the math warpgroups at 136; the default math warpgroup
-#: reloaded 3 values per tile with 96 / 160)
+#: the pair schedule's registers per cache format (keyed by "fp8_ds_mla"): each producer warpgroup's and the worker
+#: math warpgroup's (the default one gets the rest of 512). sm_90a compile, 32 heads: no spill stores in any loop at
+#: these, two reloads per tile in each fp8 producer; fp8 with ``early`` 4 spilled in the producers at 104 registers
+#: and in the math warpgroups at 136; the default math warpgroup reloaded 3 values per tile with 96 / 160
 PRODUCER_PAIR = {False: dict(regs=80, early=0, warps=8, math_regs=160), True: dict(regs=88, early=2, warps=8,
                                                                                    math_regs=160)}
 
