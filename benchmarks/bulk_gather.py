@@ -194,18 +194,24 @@ def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=(), divisi
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
 
 
-def sass_counts(kernel, prefixes):
-    """How many of each SASS instruction starting with one of ``prefixes`` the compiled kernel holds (Triton's
-    bundled ``cuobjdump``)."""
+def sass_text(kernel) -> str:
+    """The compiled kernel's SASS (Triton's bundled ``cuobjdump``)."""
     import subprocess
     import tempfile
-    from collections import Counter
 
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
+    return sass
+
+
+def sass_counts(kernel, prefixes):
+    """How many of each SASS instruction starting with one of ``prefixes`` the compiled kernel holds."""
+    from collections import Counter
+
+    sass = sass_text(kernel)
     ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", sass, re.M))
     return {o: c for o, c in sorted(ops.items()) if o.startswith(tuple(prefixes))}
 

@@ -892,22 +892,24 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
     (3, 32, 1000, 3, True),  # splits merged inside the kernel (clusters of 4, the 4th split empty)
     (64, 32, 2048, None, None),  # decode-like: 2 splits, 16 tiles each
 ])
-@pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None),
-                                               ("fp8_ds_mla", dict(regs=104, early=4, math_regs=152))])
-def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, monkeypatch):
+@pytest.mark.parametrize("kv_format,producer,pair", [
+    ("bf16", None, True), ("fp8_ds_mla", None, True), ("fp8_ds_mla", dict(regs=104, early=4, math_regs=152), True),
+    ("bf16", None, "pv"), ("fp8_ds_mla", None, "pv"),
+])
+def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, pair, monkeypatch):
     """The pair schedule of the small-head Gluon kernel (two math warpgroups on alternate tiles, one reference max
-    passed between them, each owning 256 output columns; each with its own producer warpgroup) against the
-    reference and the Triton kernel: odd and even tile counts, one tile, tails, invalid entries, empty rows,
-    topk_length (one row's list empty), sink, splits (also merged in clusters), NaN in unused slots, poisoned out;
-    bitwise deterministic; the launch asked for it."""
+    passed between them, each owning 256 output columns; each with its own producer warpgroup), in both orders of
+    the other warpgroup's P.V and the QK, against the reference and the Triton kernel: odd and even tile counts, one
+    tile, tails, invalid entries, empty rows, topk_length (one row's list empty), sink, splits (also merged in
+    clusters), NaN in unused slots, poisoned out; bitwise deterministic; the launch asked for it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
-    config = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=True, producer=producer)
+    config = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=pair, producer=producer)
     if cluster is not None:
         config["cluster"] = cluster
     case = dict(T=T, H=H, topk=topk, S=4096, splits=splits, with_len=True, with_sink=True,
                 empty_rows=(1, ) if T > 2 else ())
-    assert _check_sm90_case(case, kv_format, config, "pair", monkeypatch) == [True, True]
+    assert _check_sm90_case(case, kv_format, config, "pair", monkeypatch) == [pair, pair]
 
 
 _PAIR_COMPILE = r"""
@@ -915,21 +917,27 @@ import ab_mla_pair as A
 
 for fmt in ("bf16", "fp8_ds_mla"):
     for h in (16, 32):
-        for name, args in (("2 splits, len, sink", (2, False, True)), ("clusters of 4, len, sink", (4, True, True))):
+        for name, args in (("2 splits, len, sink", (2, False, True)), ("clusters of 4, len, sink", (4, True, True)),
+                           ("pv, 2 splits, len, sink", (2, False, True, "pv"))):
+            if name.startswith("pv") and h == 16:
+                continue
             k = A.compile_only(fmt, h, *args)
-            out[f"{fmt} h{h} {name}"] = dict(G.sass_counts(k, PRE), shared=k.metadata.shared)
+            out[f"{fmt} h{h} {name}"] = dict(G.sass_counts(k, PRE), shared=k.metadata.shared,
+                                             pv_waits=G.sass_text(k).count("WARPGROUP.DEPBAR.LE gsb0, 0x2"))
 """
 
 
 def test_sm90_pair_compiles():
     """The pair schedule compiles for sm_90a (on any machine) in both formats, 16 and 32 heads, split and merged in
-    clusters: it fits in shared memory, its four partitions set their registers, the products are all there (per
-    math warpgroup and tile QK 36 m64 wgmmas, P.V of its 256 columns 16 for its own tile and 16 for the other's;
-    the default warpgroup's loop holds the first tile's QK twice, and each has the last tile's P.V once more after
-    its loop), and at most a few values are spilled."""
+    clusters, and in its P.V-first order (``pair="pv"``): it fits in shared memory, its four partitions set their
+    registers, the products are all there (per math warpgroup and tile QK 36 m64 wgmmas, P.V of its 256 columns 16
+    for its own tile and 16 for the other's; the default warpgroup's loop holds the first tile's QK twice, and each
+    has the last tile's P.V once more after its loop), at most a few values are spilled, and only the P.V-first order
+    waits for the other's P.V with this QK's two groups still in flight (once per math warpgroup)."""
     c = compiled_in_subprocess(_PAIR_COMPILE, ("STL", "LDL", "HGMMA", "USETMAXREG"))
-    assert len(c) == 8
+    assert len(c) == 10
     for name, counts in c.items():
+        assert counts["pv_waits"] == (2 if " pv," in name else 0), (name, counts)
         assert counts["shared"] <= 232448, (name, counts)  # the H200's opt-in maximum per block
         assert counts["HGMMA.64"] == (36 + 36 + 16 + 16) + (36 + 16 + 16) + 2 * 16, (name, counts)
         assert counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 4, (name, counts)
@@ -938,11 +946,15 @@ def test_sm90_pair_compiles():
 
 
 def test_sm90_pair_refuses_64_heads():
-    """``pair=True`` serves 16/32-head groups only: a 64-head group is refused before any launch."""
+    """``pair=True`` / ``"pv"`` serve 16/32-head groups only: a 64-head group is refused before any launch, and so is
+    any other value of ``pair``."""
     from dsa.mla import kernel_sm90
 
-    with pytest.raises(ValueError, match="pair schedule serves 16/32-head groups"):
-        kernel_sm90.launch((1, 1), *([None] * 23), block_h=64, pair=True)
+    for pair in (True, "pv"):
+        with pytest.raises(ValueError, match="pair schedule serves 16/32-head groups"):
+            kernel_sm90.launch((1, 1), *([None] * 23), block_h=64, pair=pair)
+    with pytest.raises(ValueError, match="expected True, False or 'pv'"):
+        kernel_sm90.launch((1, 1), *([None] * 23), block_h=32, pair="qk")
 
 
 @pytest.mark.gpu

@@ -42,12 +42,13 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   two math warpgroups on alternate tiles, each tile filled by its own producer warpgroup (the fp8 ones dequantise),
   so that one warpgroup's softmax runs while the other's products do. Each owns its tiles' QK, softmax and P, and
   256 of the 512 output columns of every tile (P.V of its own tile, and of the other's with the P that one
-  publishes); one reference max as ``LAZY``, its changes passed with P. Why: the one math warpgroup of
-  :func:`_math_rows` runs QK, softmax and P.V of each tile as one dependency chain (32 heads over fp8: about 4,400
-  clocks per tile, of which the products at their measured wgmma rates take about 1,750), and FA3's overlap of one
-  tile's softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which does not fit. Built and
-  compiled for sm_90a (no spill stores in its loops, two reloads per tile in each fp8 producer); not yet run on
-  a GPU (BENCHMARKS.md, thirty-eighth session).
+  publishes); one reference max as ``LAZY``, its changes passed with P. ``config pair="pv"`` issues the other's P.V
+  before each QK rather than behind it, so the other's buffer is released, and refilled, while the QK runs. Why: the
+  one math warpgroup of :func:`_math_rows` runs QK, softmax and P.V of each tile as one dependency chain (32 heads
+  over fp8: about 4,400 clocks per tile, of which the products at their measured wgmma rates take about 1,750), and
+  FA3's overlap of one tile's softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which
+  does not fit. Built and compiled for sm_90a (no spill stores in its loops, two reloads per tile in each fp8
+  producer); not yet run on a GPU (BENCHMARKS.md, thirty-eighth and thirty-ninth sessions).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
@@ -633,7 +634,8 @@ def _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j, WG: gl
 def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_smem, x_smem, e_smem, full, empty, pready,
                xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
                lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr,
-               WG: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
+               WG: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr,
+               PV_FIRST: gl.constexpr):
     """One of the two math warpgroups of a 16/32-head group in the pair schedule (``PAIR``; WG 0: the default
     partition, WG 1: a worker), the rows as M as in :func:`_math_rows`. Warpgroup ``WG`` owns the tiles ``WG, WG + 2,
     ...`` (buffer ``WG``, filled by its own producer warpgroup): their QK ``S^T [64 rows, BH]``, the online softmax
@@ -646,8 +648,9 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
     P against the new max and publishes the tile's ``alpha`` (else 1) and the reference after it (``x_smem``, by tile
     parity), with P (``pready``); the other warpgroup rescales its accumulator and sums by ``alpha`` before its P.V of
     that tile. Each tile buffer is released (``empty``, two arrivals) once both warpgroups' products on it are done.
-    Per own tile: the other's previous tile's P.V is issued behind this tile's QK, both waited together; then the
-    softmax, the P.V of the own tile, and its release."""
+    Per own tile: the other's previous tile's P.V is issued behind this tile's QK, both waited together (or, with
+    ``PV_FIRST``, before it, as soon as the other's P is published, and that buffer released while the QK runs); then
+    the softmax, the P.V of the own tile, and its release."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -675,14 +678,24 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
         z = k // (n_tiles + 1)
         kn = k_nope_smem.index(WG + z)
         valid_s, _ = _tile_rows(idx_row, start + j * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
-        mbarrier.wait(full.index(WG), k & 1)
-        if j > 0:  # the other warpgroup's previous tile: its P.V behind this QK
-            sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
-            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
-                                         s_layout, o_layout)
-            acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
-            _signal(empty.index(1 - WG))
+        if j > 0:  # the other warpgroup's previous tile too
+            if PV_FIRST:  # its P.V first, this QK behind it; its buffer is released while this QK runs
+                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
+                                             s_layout, o_layout)
+                mbarrier.wait(full.index(WG), k & 1)
+                sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
+                acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))  # (QK: the two groups behind it)
+                _signal(empty.index(1 - WG))
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+            else:  # this QK first, its P.V behind it
+                mbarrier.wait(full.index(WG), k & 1)
+                sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
+                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH,
+                                             z, s_layout, o_layout)
+                acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
+                _signal(empty.index(1 - WG))
         else:
+            mbarrier.wait(full.index(WG), k & 1)
             sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
@@ -1091,7 +1104,7 @@ def _sparse_mla_sm90_kernel(
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = False,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = 0,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -1100,8 +1113,8 @@ def _sparse_mla_sm90_kernel(
     * ``PINGPONG`` (64 heads, bf16 cache; launched with 4 warps): two math warpgroups owning alternate tiles
       (:func:`_math_pp`; the worker one with ``MATH_REGS`` registers), :func:`_producer_pp`, each buffer released
       in halves.
-    * ``PAIR`` (16 or 32 heads; 4 warps): two math warpgroups on alternate tiles, each with its own producer
-      warpgroup (:func:`_math_pair`, :func:`_producer` on alternate tiles).
+    * ``PAIR`` (16 or 32 heads; 4 warps; 1, or 2 for ``PV_FIRST``): two math warpgroups on alternate tiles, each
+      with its own producer warpgroup (:func:`_math_pair`, :func:`_producer` on alternate tiles).
     * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
       (4 warps): one, the rows as M (:func:`_math_rows`); :func:`_producer` (``EARLY`` fp8 groups loaded before a
       buffer is free), two mbarriers per buffer (full, empty)."""
@@ -1187,11 +1200,11 @@ def _sparse_mla_sm90_kernel(
             (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m0_smem, x_smem, e_smem,
                           pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
                           stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER)),
+                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER, PAIR == 2)),
             (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m1_smem, x_smem, e_smem,
                           pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
                           stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER)),
+                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER, PAIR == 2)),
             (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                          rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
             (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
@@ -1357,9 +1370,12 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
     :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
-    instead. ``pair`` (16/32-head groups; ``None``: :data:`PAIR`) picks the pair schedule (:func:`_math_pair`)."""
+    instead. ``pair`` (16/32-head groups; ``None``: :data:`PAIR`) picks the pair schedule (:func:`_math_pair`): ``True``
+    with the other warpgroup's P.V issued behind each QK, ``"pv"`` before it (``PV_FIRST``)."""
+    if pair not in (None, False, True, "pv"):
+        raise ValueError(f"config pair={pair!r}: expected True, False or 'pv'")
     if pair and block_h >= BLOCK_H:
-        raise ValueError("config pair=True: the pair schedule serves 16/32-head groups only")
+        raise ValueError(f"config pair={pair!r}: the pair schedule serves 16/32-head groups only")
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -1376,6 +1392,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     if pair is None:
         pair = block_h in PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", ())
     prod = producer_config(is_fp8, block_h, pp, producer, bool(pair))
+    pair = 2 if pair == "pv" else int(bool(pair))
     if persist is None:
         persist = PERSIST and h_q > BLOCK_H
     persist = (persist and pp and not split and cluster == 0 and num_sms > 0
@@ -1388,6 +1405,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=bool(pair), num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
