@@ -942,7 +942,7 @@ def test_sm90_pair_compiles():
         assert counts["HGMMA.64"] == (36 + 36 + 16 + 16) + (36 + 16 + 16) + 2 * 16, (name, counts)
         assert counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 4, (name, counts)
         spills = sum(v for k, v in counts.items() if k.startswith(("STL", "LDL")))
-        assert spills <= (24 if "h32" in name else 4), (name, counts)
+        assert spills <= (24 if "h32" in name else 12), (name, counts)  # (in the loops no stores, 0-2 reloads: by hand)
 
 
 def test_sm90_pair_refuses_64_heads():
@@ -961,7 +961,7 @@ def test_sm90_pair_refuses_64_heads():
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
-@pytest.mark.parametrize("lazy,pair", [((), False), ((16, 32), False), ((), True)])
+@pytest.mark.parametrize("lazy,pair", [((), False), ((16, 32), False), ((), True), ((), "pv")])
 def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, pair, monkeypatch):
     """The small-head Gluon kernel on logits that rise or fall along the index list, ``slope`` log2 units per entry:
     0.25 is 16 per 64-row tile, past ``LAZY_TAU`` (8) at every tile, so P is redone against the new max; 0.05 is 1-5
@@ -969,7 +969,8 @@ def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, pair, monkeypatch):
     the max in the first tile.
     Row 1 takes the list backwards, row 2 has invalid entries scattered through it. With P against the earlier
     tiles' max (``LAZY_MAX``) for these head groups and without it, and in the pair schedule (whose two warpgroups
-    share that reference max), whole and split, into poisoned outputs, NaN in unused slots, against the reference."""
+    share that reference max; in its P.V-first order a warpgroup rescales for the other's tile only when that tile
+    moved it), whole and split, into poisoned outputs, NaN in unused slots, against the reference."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
     kernel_sm90 = _sm90_or_skip()

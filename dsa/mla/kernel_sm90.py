@@ -614,17 +614,23 @@ def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
 
 @gluon.jit
 def _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j, WG: gl.constexpr, BH: gl.constexpr,
-                z, s_layout: gl.constexpr, o_layout: gl.constexpr):
+                z, s_layout: gl.constexpr, o_layout: gl.constexpr, SKIP_ONES: gl.constexpr):
     """:func:`_math_pair`: the other warpgroup's tile ``j``: wait for its P and the reference max after it, rescale
-    this warpgroup's accumulator and sums by the tile's ``alpha`` and issue P.V on this warpgroup's 256 columns
-    (async; returns the accumulator in flight, the sums and the reference max)."""
+    this warpgroup's accumulator and sums by the tile's ``alpha`` (``SKIP_ONES``: only when some head's is not 1; for
+    callers with no wgmma in flight) and issue P.V on this warpgroup's 256 columns (async; returns the accumulator in
+    flight, the sums and the reference max)."""
     head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     b: gl.constexpr = 1 - WG
     mbarrier.wait(pready.index(b), (j // 2) & 1)
     alpha = x_smem.slice((2 * b) * BH, BH).load(head_s)
     m_i = x_smem.slice((2 * b + 1) * BH, BH).load(head_s)
-    l_2d = l_2d * gl.expand_dims(alpha, 0)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+    if SKIP_ONES:  # only when some alpha is below 1 (else all are exactly 1: the common case, no multiplies)
+        if gl.min(alpha, axis=0) < 1.0:
+            l_2d = l_2d * gl.expand_dims(alpha, 0)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
+    else:  # (a branch here, with this warpgroup's QK in flight, makes ptxas wait for every wgmma: sm_90a compile)
+        l_2d = l_2d * gl.expand_dims(alpha, 0)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
     kn = k_nope_smem.index(b + z)
     acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_smem.index(b + z), acc, is_async=True)
     return acc, l_2d, m_i
@@ -681,7 +687,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
         if j > 0:  # the other warpgroup's previous tile too
             if PV_FIRST:  # its P.V first, this QK behind it; its buffer is released while this QK runs
                 acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
-                                             s_layout, o_layout)
+                                             s_layout, o_layout, True)
                 mbarrier.wait(full.index(WG), k & 1)
                 sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
                 acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))  # (QK: the two groups behind it)
@@ -691,7 +697,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
                 mbarrier.wait(full.index(WG), k & 1)
                 sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
                 acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH,
-                                             z, s_layout, o_layout)
+                                             z, s_layout, o_layout, False)
                 acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
                 _signal(empty.index(1 - WG))
         else:
@@ -726,7 +732,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
     if n_tiles > 0:
         if (n_tiles - 1) % 2 != WG:  # the other warpgroup's last tile comes after this one's last
             acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, n_tiles - 1, WG, BH, 0,
-                                         s_layout, o_layout)
+                                         s_layout, o_layout, True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
     # both sums are relative to the same final reference: add them, and the true maxima, through shared memory
