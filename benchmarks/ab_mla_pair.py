@@ -11,6 +11,11 @@ difference between the one-warpgroup schedule and the pair schedule in either or
 printed last. H200.
 
     python benchmarks/ab_mla_pair.py [ROUNDS] [--cases fp8_h32,bf16_h16,...] [--splits 1,2,4]
+    python benchmarks/ab_mla_pair.py --trace     # where each partition's clocks go per tile, both orders
+
+``--trace``: the pair schedule with its clock trace (``config trace=``, ``TRACE`` in ``kernel_sm90``) at a few decode
+shapes, both orders: per partition and phase the SM clocks per own tile (each program's mean over its threads, the
+median over the programs), beside the call's time with and without the trace.
 """
 from __future__ import annotations
 
@@ -41,10 +46,10 @@ GROUPS["prefill_fp8"] = [(f"prefill fp8 h{h}", 4096, h, 1, 131072, "fp8_ds_mla")
 
 
 def compile_only(fmt: str, h_q: int, splits: int, cluster: bool = False, extra: bool = False,
-                 pair: bool | str = True):
+                 pair: bool | str = True, trace: bool = False):
     """CPU: compile the Hopper kernel for one 16/32-head call (``fmt`` "bf16" or "fp8_ds_mla", 3 tokens, topk
     2048, ``splits`` splits, merged in clusters or not, ``extra``: with topk_length and a sink, ``pair``: the config
-    value, True / False / "pv") for sm_90a through a
+    value, True / False / "pv", ``trace``: with the clock trace) for sm_90a through a
     stand-in driver (nothing launches; the device facts :mod:`dsa.backend` asks for are faked); returns the compiled
     kernel. Run without ``TRITON_INTERPRET``, in a process of its own (the driver and ``JITFunction.run`` stay
     replaced)."""
@@ -75,14 +80,63 @@ def compile_only(fmt: str, h_q: int, splits: int, cluster: bool = False, extra: 
     q = torch.randn(T, h_q, 576).to(torch.bfloat16)
     kv = (torch.zeros(S, 656, dtype=torch.uint8) if fmt == "fp8_ds_mla" else torch.zeros(S, 576, dtype=torch.bfloat16))
     kw = dict(attn_sink=torch.zeros(h_q), topk_length=torch.full((T, ), 2048, dtype=torch.int32)) if extra else {}
+    tr = dict(trace=torch.zeros(T * 16 * 4096, dtype=torch.int32)) if trace else {}
     try:  # (the call fails after the compile: the stand-in driver launches nothing)
         sparse_mla_triton(q, kv, torch.zeros(T, 2048, dtype=torch.int32), SM_SCALE, num_splits=splits,
                           config=dict(SM90_ROWS_SMALL_HEADS, block_h=16 if h_q <= 16 else 32, cluster=cluster,
-                                      pair=pair), **kw)
+                                      pair=pair, **tr), **kw)
     except Exception:
         if "_sparse_mla_sm90_kernel" not in got:
             raise
     return got["_sparse_mla_sm90_kernel"]
+
+
+#: the math warpgroups' and the producers' trace slots (``kernel_sm90._math_pair``, ``kernel_sm90._producer``)
+MATH_PHASES = ("other", "full", "products", "softmax", "own P.V", "loop")
+PRODUCER_PHASES = ("wait", "fill", "loop")
+
+
+def trace_pair(cases=(("fp8_ds_mla", 32, 64), ("fp8_ds_mla", 32, 128), ("bf16", 32, 64), ("fp8_ds_mla", 16, 64))):
+    """H200: the pair schedule's clock trace at decode shapes ``(format, h_q, batch)`` (s_q 1, topk 2048 of 32K), both
+    orders. Prints one row per case and order, clocks per own tile."""
+    rows = []
+    for fmt, h_q, b in cases:
+        q, kv, idx = mla_inputs(b, h_q, 2048, b, 32768, fmt)
+        flat = kv.reshape(-1, kv.shape[-1])
+        out = torch.empty(b, h_q, 512, dtype=torch.bfloat16, device="cuda")
+        trace = torch.zeros(b * 16 * 4096, dtype=torch.int32, device="cuda")
+        want = sparse_mla_ref(q, kv, idx, SM_SCALE)
+        for pair in (True, "pv"):
+            def call(tr=None):
+                cfg = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if h_q <= 16 else 32, pair=pair)
+                if tr is not None:
+                    cfg["trace"] = tr
+                return lambda: sparse_mla_triton(q, flat, idx, SM_SCALE, out=out, config=cfg)
+
+            res, err = mla_run_checked(call(trace), out, want)  # the traced call is checked too
+            trace.zero_()
+            call(trace)()
+            torch.cuda.synchronize()
+            t = trace.view(-1, 4, 8, 128).double().mean(-1)  # [programs, partition, slot]
+            t = t[t[:, 0, 6] > 0]  # programs whose first math warpgroup owned a tile
+            per = lambda part, k, n: (t[:, part, k] / t[:, part, n].clamp(min=1)).median().item()  # noqa: E731
+            wg = [[per(w, k, 6) for k in (0, 1, 2, 3, 4, 5)] for w in (0, 1)]
+            pr = [[per(2 + w, k, 3) for k in (0, 1, 2)] for w in (0, 1)]
+            us = do_bench_cudagraph(call(), rep=100, return_mode="median") * 1e3
+            us_tr = do_bench_cudagraph(call(trace), rep=100, return_mode="median") * 1e3
+            rows.append((f"{'fp8' if fmt != 'bf16' else 'bf16'} h{h_q} b{b}", "pv" if pair == "pv" else "qk", us, us_tr,
+                         wg, pr, err))
+            print(rows[-1], flush=True)
+        q = kv = flat = idx = out = want = trace = None
+        torch.cuda.empty_cache()
+    print(f"\nclocks per own tile (median over programs); math warpgroups 0 / 1: {', '.join(MATH_PHASES)}; "
+          f"producers 0 / 1: {', '.join(PRODUCER_PHASES)}")
+    print(f"{'case':<14}{'order':<6}{'µs':>7}{'traced':>8}  {'math WG0':<36}{'math WG1':<36}{'producer 0':<18}"
+          f"{'producer 1':<18}{'err out/lse':<12}")
+    for name, order, us, us_tr, wg, pr, err in rows:
+        f = lambda v: "/".join(f"{x:.0f}" for x in v)  # noqa: E731
+        print(f"{name:<14}{order:<6}{us:7.1f}{us_tr:8.1f}  {f(wg[0]):<36}{f(wg[1]):<36}{f(pr[0]):<18}{f(pr[1]):<18}"
+              f"{err[0]:.1g}/{err[1]:.1g}")
 
 
 def main():
@@ -91,7 +145,10 @@ def main():
     ap.add_argument("--cases", default="fp8_h32,fp8_h16,bf16_h32,bf16_h16,prefill")
     ap.add_argument("--splits", default="", help="also the pair schedule at these forced split counts (decode rows "
                     "from batch 32), e.g. 1,2,4: whether it wants fewer splits than the default picks")
+    ap.add_argument("--trace", action="store_true", help="the pair schedule's clock trace instead (trace_pair)")
     args = ap.parse_args()
+    if args.trace:
+        return trace_pair()
     forced = [int(x) for x in args.splits.split(",") if x]
     rows = []
     for group in args.cases.split(","):

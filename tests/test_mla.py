@@ -912,18 +912,49 @@ def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, 
     assert _check_sm90_case(case, kv_format, config, "pair", monkeypatch) == [pair, pair]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pair", [True, "pv"])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+def test_gpu_sm90_pair_trace(kv_format, pair, monkeypatch):
+    """The pair schedule's clock trace (``config trace=``, for ``benchmarks/ab_mla_pair.py --trace``): the traced call
+    writes the same outputs as the untraced one, bitwise, and each partition of each program its number of own
+    tiles (16 tiles per program: 8 each) and per-thread phase sums that are non-negative and add up to at most the
+    whole loop's clocks."""
+    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
+
+    _sm90_or_skip()
+    T, H, topk = 5, 32, 2048
+    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=7)
+    flat = ref_mod.flat_kv(kv)
+    config = dict(SM90_ROWS_SMALL_HEADS, block_h=32, pair=pair)
+    plain = sparse_mla_triton(q, flat, idx, sm, D_V, None, None, None, num_splits=2, config=config)
+    trace = torch.full((T * 2 * 4096 + 4096, ), -1, dtype=torch.int32, device=q.device)
+    traced = sparse_mla_triton(q, flat, idx, sm, D_V, None, None, None, num_splits=2, config=dict(config, trace=trace))
+    for a, b in zip(plain, traced):
+        assert torch.equal(a, b)
+    t = trace[:T * 2 * 4096].view(T * 2, 4, 8, 128).long()
+    assert (trace[T * 2 * 4096:] == -1).all()  # nothing written past the programs
+    for part, (n_phase, loop, count) in enumerate([(5, 5, 6), (5, 5, 6), (2, 2, 3), (2, 2, 3)]):
+        assert (t[:, part, count] == 8).all(), part
+        assert (t[:, part, :n_phase] >= 0).all(), part
+        assert (t[:, part, :n_phase].sum(1) <= t[:, part, loop]).all(), part
+
+
 _PAIR_COMPILE = r"""
 import ab_mla_pair as A
 
 for fmt in ("bf16", "fp8_ds_mla"):
     for h in (16, 32):
         for name, args in (("2 splits, len, sink", (2, False, True)), ("clusters of 4, len, sink", (4, True, True)),
-                           ("pv, 2 splits, len, sink", (2, False, True, "pv"))):
-            if name.startswith("pv") and h == 16:
+                           ("pv, 2 splits, len, sink", (2, False, True, "pv")),
+                           ("pv, traced, 2 splits", (2, False, False, "pv", True))):
+            if name.startswith("pv") and h == 16 or "traced" in name and fmt == "bf16":
                 continue
             k = A.compile_only(fmt, h, *args)
+            sass = G.sass_text(k)
             out[f"{fmt} h{h} {name}"] = dict(G.sass_counts(k, PRE), shared=k.metadata.shared,
-                                             pv_waits=G.sass_text(k).count("WARPGROUP.DEPBAR.LE gsb0, 0x2"))
+                                             pv_waits=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x2"),
+                                             clocks=sass.count("SR_CLOCKLO"))
 """
 
 
@@ -932,17 +963,20 @@ def test_sm90_pair_compiles():
     clusters, and in its P.V-first order (``pair="pv"``): it fits in shared memory, its four partitions set their
     registers, the products are all there (per math warpgroup and tile QK 36 m64 wgmmas, P.V of its 256 columns 16
     for its own tile and 16 for the other's; the default warpgroup's loop holds the first tile's QK twice, and each
-    has the last tile's P.V once more after its loop), at most a few values are spilled, and only the P.V-first order
-    waits for the other's P.V with this QK's two groups still in flight (once per math warpgroup)."""
+    has the last tile's P.V once more after its loop), at most a few values are spilled, only the P.V-first order
+    waits for the other's P.V with this QK's two groups still in flight (once per math warpgroup), and only the
+    traced variant reads the SM clock."""
     c = compiled_in_subprocess(_PAIR_COMPILE, ("STL", "LDL", "HGMMA", "USETMAXREG"))
-    assert len(c) == 10
+    assert len(c) == 11
     for name, counts in c.items():
+        assert (counts["clocks"] > 0) == ("traced" in name), (name, counts)
         assert counts["pv_waits"] == (2 if " pv," in name else 0), (name, counts)
         assert counts["shared"] <= 232448, (name, counts)  # the H200's opt-in maximum per block
         assert counts["HGMMA.64"] == (36 + 36 + 16 + 16) + (36 + 16 + 16) + 2 * 16, (name, counts)
         assert counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 4, (name, counts)
         spills = sum(v for k, v in counts.items() if k.startswith(("STL", "LDL")))
-        assert spills <= (24 if "h32" in name else 12), (name, counts)  # (in the loops no stores, 0-2 reloads: by hand)
+        assert spills <= (24 if "h32" in name else 12) + (16 if "traced" in name else 0), (name, counts)
+        # (in the untraced loops no spill stores and 0-2 reloads per tile, read by hand)
 
 
 def test_sm90_pair_refuses_64_heads():
@@ -955,6 +989,12 @@ def test_sm90_pair_refuses_64_heads():
             kernel_sm90.launch((1, 1), *([None] * 23), block_h=64, pair=pair)
     with pytest.raises(ValueError, match="expected True, False or 'pv'"):
         kernel_sm90.launch((1, 1), *([None] * 23), block_h=32, pair="qk")
+    nope = torch.zeros(8, 512, dtype=torch.bfloat16)
+    for pair, trace in ((False, torch.zeros(4096, dtype=torch.int32)), (True, torch.zeros(4096)),
+                        (True, torch.zeros(4095, dtype=torch.int32))):
+        with pytest.raises(ValueError, match="trace: the pair schedule only"):
+            kernel_sm90.launch((1, 1), None, nope, None, 0, nope[:, :64], *([None] * 18), block_h=32, pair=pair,
+                               trace=trace)
 
 
 @pytest.mark.gpu
@@ -1141,7 +1181,7 @@ from dsa.mla import kernel_sm90
 fn = kernel_sm90._sparse_mla_sm90_kernel
 ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
             sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
-            flse_ptr="*fp32")
+            flse_ptr="*fp32", trace_ptr="*i32")
 fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
 fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
 prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
@@ -1151,7 +1191,7 @@ for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,
-                  PAIR=False)  # fp8: alternate tiles
+                  PAIR=0, TRACE=False)  # fp8: alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"

@@ -157,6 +157,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .epilogue import merge_weights, row_stats
+from .kernel_bulk import _clock
 
 BLOCK_H = 64
 BLOCK_N = 64
@@ -357,14 +358,17 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
 @gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
               stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1):
+              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1,
+              trace_ptr=None, TRACE: gl.constexpr = False):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
     buffer, the rope part by ``cp.async``), make it visible to wgmma and signal ``full``. Invalid entries
     are zero-filled and masked by the math warps: NaN in unused slots cannot leak. ``PW`` warps fill each tile;
     with ``STEP`` 2 this warpgroup fills only the tiles ``PAR, PAR + 2, ...`` (always buffer ``PAR``) and another
-    one the others, so one loads while the other dequantises."""
+    one the others, so one loads while the other dequantises. ``TRACE`` (the pair schedule, 4 warps; benchmarks):
+    each thread's SM clocks summed over its tiles (:func:`_trace_store`, part ``2 + PAR``, slots 0-3): waiting for
+    the free buffer, from free to ``full``, the whole loop, and the number of its tiles."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -389,6 +393,10 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     else:
         row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
     valid, rows = _tile_rows(idx_row, start + PAR * BN, stop, S, BN, row_l)
+    if TRACE:
+        t_wait = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
+        t_fill = t_wait
+        c_loop = _clock(4)
     for i in range(PAR, n_tiles, STEP):
         s = i % 2
         if IS_FP8:  # EARLY (2 or 4) of the four raw groups loaded before the wait, the rest while storing
@@ -404,7 +412,12 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
                 r3 = gl.load(base + 3 * 128, mask=m, other=0.0)
                 s2 = gl.load(sb + 2, mask=valid, other=0.0)
                 s3 = gl.load(sb + 3, mask=valid, other=0.0)
+        if TRACE:
+            c0 = _clock(4)
         mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)
+        if TRACE:
+            c1 = _clock(4)
+            t_wait += c1 - c0
         if IS_FP8:
             valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
             rows_r = gl.convert_layout(rows, gl.SliceLayout(1, cp_l))
@@ -432,8 +445,12 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         fence_async_shared()
         gl.thread_barrier()  # every producer thread's part is in (the producer warps only)
         mbarrier.arrive(full.index(s))
+        if TRACE:
+            t_fill += _clock(4) - c1
         if LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)
+    if TRACE:
+        _trace_store(trace_ptr, 2 + PAR, (t_wait, t_fill, _clock(4) - c_loop, t_wait * 0 + (n_tiles - PAR + 1) // 2))
     if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
         _cluster_barrier(PW, False)
 
@@ -606,6 +623,17 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
 
 
 @gluon.jit
+def _trace_store(trace_ptr, part: gl.constexpr, sums):
+    """``TRACE``: this partition's (``part``: 0/1 the math warpgroups, 2/3 the producers) per-thread clock sums
+    ``sums`` (int32 ``[128]`` each, at most 8) to ``trace_ptr`` ``[programs, 4, 8, 128]``."""
+    pid = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
+    th = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
+    row = trace_ptr + (pid.to(gl.int64) * 4 + part) * (8 * 128) + th
+    for k in gl.static_range(len(sums)):
+        gl.store(row + k * 128, sums[k])
+
+
+@gluon.jit
 def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
     """Issue (async) ``S^T = K q^T`` of one tile, the rows as M: the rope part, then the values."""
     sc = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -641,7 +669,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
                xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
                lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr,
                WG: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr,
-               PV_FIRST: gl.constexpr):
+               PV_FIRST: gl.constexpr, trace_ptr, TRACE: gl.constexpr):
     """One of the two math warpgroups of a 16/32-head group in the pair schedule (``PAIR``; WG 0: the default
     partition, WG 1: a worker), the rows as M as in :func:`_math_rows`. Warpgroup ``WG`` owns the tiles ``WG, WG + 2,
     ...`` (buffer ``WG``, filled by its own producer warpgroup): their QK ``S^T [64 rows, BH]``, the online softmax
@@ -656,7 +684,12 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
     that tile. Each tile buffer is released (``empty``, two arrivals) once both warpgroups' products on it are done.
     Per own tile: the other's previous tile's P.V is issued behind this tile's QK, both waited together (or, with
     ``PV_FIRST``, before it, as soon as the other's P is published, and that buffer released while the QK runs); then
-    the softmax, the P.V of the own tile, and its release."""
+    the softmax, the P.V of the own tile, and its release.
+
+    ``TRACE`` (benchmarks): each thread's SM clocks summed over its own tiles, per phase (:func:`_trace_store`, slots
+    0-6): the other's tile (waiting for its P, rescaling, issuing its P.V), waiting for the own buffer, the products
+    from the last issue to their wait, the softmax up to publishing P, the own P.V up to the release, the whole loop,
+    and the number of own tiles."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -678,32 +711,60 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
     l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums of the own tiles
     acc = gl.zeros([256, BH], gl.float32, o_layout)  # O^T, this warpgroup's 256 columns
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
+    if TRACE:
+        t_other = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
+        t_full, t_prod, t_soft, t_own = t_other, t_other, t_other, t_other
+        c_loop = _clock(4)
     for k in range((n_tiles - WG + 1) // 2):
         j = WG + 2 * k
         # (z is 0: the buffers' addresses are formed in the loop, as in _math_pp)
         z = k // (n_tiles + 1)
         kn = k_nope_smem.index(WG + z)
         valid_s, _ = _tile_rows(idx_row, start + j * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
+        if TRACE:
+            c0 = _clock(4)
+            c1 = c0
+            c2 = c0
         if j > 0:  # the other warpgroup's previous tile too
             if PV_FIRST:  # its P.V first, this QK behind it; its buffer is released while this QK runs
                 acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
                                              s_layout, o_layout, True)
+                if TRACE:
+                    c1 = _clock(4)
                 mbarrier.wait(full.index(WG), k & 1)
+                if TRACE:
+                    c2 = _clock(4)
                 sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
                 acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))  # (QK: the two groups behind it)
                 _signal(empty.index(1 - WG))
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
             else:  # this QK first, its P.V behind it
                 mbarrier.wait(full.index(WG), k & 1)
+                if TRACE:
+                    c1 = _clock(4)
                 sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
                 acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH,
                                              z, s_layout, o_layout, False)
+                if TRACE:
+                    c2 = _clock(4)
                 acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
                 _signal(empty.index(1 - WG))
         else:
             mbarrier.wait(full.index(WG), k & 1)
+            if TRACE:
+                c1 = _clock(4)
+                c2 = c1
             sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        if TRACE:
+            c3 = _clock(4)
+            if PV_FIRST:  # c0 -> c1 the other's tile, c1 -> c2 waiting for the own buffer
+                t_other += c1 - c0
+                t_full += c2 - c1
+            else:  # c0 -> c1 waiting for the own buffer, c1 -> c2 the QK's issue and the other's tile
+                t_full += c1 - c0
+                t_other += c2 - c1
+            t_prod += c3 - c2
 
         sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
         m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
@@ -726,9 +787,17 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
         x_smem.slice((2 * WG) * BH, BH).store(alpha)
         x_smem.slice((2 * WG + 1) * BH, BH).store(m_i)
         _signal(pready.index(WG))
+        if TRACE:
+            c4 = _clock(4)
+            t_soft += c4 - c3
         acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_own, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _signal(empty.index(WG))
+        if TRACE:
+            t_own += _clock(4) - c4
+    if TRACE:
+        _trace_store(trace_ptr, WG, (t_other, t_full, t_prod, t_soft, t_own, _clock(4) - c_loop,
+                                     t_other * 0 + (n_tiles - WG + 1) // 2))
     if n_tiles > 0:
         if (n_tiles - 1) % 2 != WG:  # the other warpgroup's last tile comes after this one's last
             acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, n_tiles - 1, WG, BH, 0,
@@ -1105,12 +1174,13 @@ def _sparse_mla_sm90_kernel(
     out_ptr, stride_ot, stride_oh, stride_os,
     ml_ptr, lse_ptr,
     fout_ptr, stride_fot, stride_foh, fml_ptr, flse_ptr,  # CLUSTER: the merged results (else unused)
+    trace_ptr,  # TRACE: [programs, 4, 8, 128] int32 clock sums (else unused)
     T, h_q, S, topk, split_len,
     sm_scale_log2,
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = 0,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = 0, TRACE: gl.constexpr = False,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -1206,15 +1276,17 @@ def _sparse_mla_sm90_kernel(
             (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m0_smem, x_smem, e_smem,
                           pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
                           stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER, PAIR == 2)),
+                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER, PAIR == 2, trace_ptr, TRACE)),
             (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m1_smem, x_smem, e_smem,
                           pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
                           stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER, PAIR == 2)),
+                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER, PAIR == 2, trace_ptr, TRACE)),
             (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
+                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2,
+                         trace_ptr, TRACE)),
             (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
+                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2,
+                         trace_ptr, TRACE)),
         ], [4, 4, 4], [MATH_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
@@ -1367,7 +1439,7 @@ def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, pair=None):
+           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, pair=None, trace=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
     :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
@@ -1377,7 +1449,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
     :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
     instead. ``pair`` (16/32-head groups; ``None``: :data:`PAIR`) picks the pair schedule (:func:`_math_pair`): ``True``
-    with the other warpgroup's P.V issued behind each QK, ``"pv"`` before it (``PV_FIRST``)."""
+    with the other warpgroup's P.V issued behind each QK, ``"pv"`` before it (``PV_FIRST``). ``trace`` (the pair
+    schedule only; benchmarks): an int32 tensor ``[programs, 4, 8, 128]`` that receives each partition's clock sums
+    per phase (``TRACE``, :func:`_math_pair`, :func:`_producer`)."""
     if pair not in (None, False, True, "pv"):
         raise ValueError(f"config pair={pair!r}: expected True, False or 'pv'")
     if pair and block_h >= BLOCK_H:
@@ -1399,6 +1473,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         pair = block_h in PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", ())
     prod = producer_config(is_fp8, block_h, pp, producer, bool(pair))
     pair = 2 if pair == "pv" else int(bool(pair))
+    programs = grid[0] * grid[1] * max(cluster, 1)
+    if trace is not None and (not pair or trace.dtype != torch.int32 or trace.numel() < programs * 4 * 8 * 128):
+        raise ValueError("trace: the pair schedule only, into an int32 tensor of [programs, 4, 8, 128]")
     if persist is None:
         persist = PERSIST and h_q > BLOCK_H
     persist = (persist and pp and not split and cluster == 0 and num_sms > 0
@@ -1407,10 +1484,11 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         grid = (min(grid[0], num_sms), 1)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
-        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
-        split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
-        PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final,
+        trace if trace is not None else lse, T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len,
+        HAS_SINK=has_sink, SPLIT=split, BH=block_h, PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair, TRACE=trace is not None,
+        num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
