@@ -997,6 +997,25 @@ def test_sm90_pair_refuses_64_heads():
                                trace=trace)
 
 
+def test_sm90_pair_default_table(monkeypatch):
+    """Without ``pair=``, :data:`kernel_sm90.PAIR` picks the schedule per cache format and head-group size, and its
+    order: the kernel is asked for ``PAIR`` 0 (not there), 1 (``True``) or 2 (``"pv"``)."""
+    from dsa.mla import kernel_sm90
+
+    asked = []
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **k: asked.append(k["PAIR"])})())
+    monkeypatch.setattr(kernel_sm90, "PAIR", {"bf16": {32: "pv", 16: True}, "fp8_ds_mla": {32: True}})
+    bf16 = torch.zeros(8, 576, dtype=torch.bfloat16)
+    fp8 = torch.zeros(8, 512, dtype=torch.uint8)
+    idx = torch.zeros(1, 64, dtype=torch.int32)
+    for nope, bh in ((bf16, 32), (bf16, 16), (fp8, 32), (fp8, 16), (bf16, 64)):
+        q = torch.zeros(1, bh, 576, dtype=torch.bfloat16)
+        kernel_sm90.launch((1, 1), q, nope[:, :512], None, 0, bf16[:, 512:], idx, *([None] * 8), 1, bh, 8, 64, 64,
+                           1.0, False, False, False, block_h=bh)
+    assert asked == [2, 1, 1, 0, 0]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])

@@ -194,8 +194,9 @@ PRODUCER_PP = dict(regs=56, math_regs=208)
 #: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
 #: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
-#: the head-group sizes that take the pair schedule (:func:`_math_pair`) by default, per cache format (``"bf16"``,
-#: ``"fp8_ds_mla"``): none until it is measured (BENCHMARKS.md, thirty-eighth session)
+#: the head-group sizes that take the pair schedule (:func:`_math_pair`) by default and in which order (``True``, or
+#: ``"pv"`` for the P.V-first one), per cache format: ``{"bf16" or "fp8_ds_mla": {block_h: order}}``. None until it
+#: is measured (BENCHMARKS.md, thirty-eighth and thirty-ninth sessions)
 PAIR = {}
 #: the pair schedule's registers per cache format (keyed by "fp8_ds_mla"): each producer warpgroup's and the worker
 #: math warpgroup's (the default one gets the rest of 512). sm_90a compile, 32 heads: no spill stores in any loop at
@@ -1470,7 +1471,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
     if pair is None:
-        pair = block_h in PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", ())
+        pair = PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", {}).get(block_h, False)
     prod = producer_config(is_fp8, block_h, pp, producer, bool(pair))
     pair = 2 if pair == "pv" else int(bool(pair))
     programs = grid[0] * grid[1] * max(cluster, 1)
@@ -1486,9 +1487,9 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final,
         trace if trace is not None else lse, T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len,
-        HAS_SINK=has_sink, SPLIT=split, BH=block_h, PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair, TRACE=trace is not None,
-        num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        HAS_SINK=has_sink, SPLIT=split, BH=block_h, PINGPONG=pp, PRODUCER_WARPS=prod["warps"],
+        PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=prod["math_regs"], CLUSTER=cluster,
+        ALT=alternate_tiles(prod, block_h, split_len), LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair,
+        TRACE=trace is not None, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
