@@ -752,9 +752,12 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
                 _signal(empty.index(1 - WG))
         else:
             mbarrier.wait(full.index(WG), k & 1)
-            if TRACE:
-                c1 = _clock(4)
-                c2 = c1
+            if TRACE:  # (no other tile: its phase takes 0)
+                if PV_FIRST:
+                    c2 = _clock(4)
+                else:
+                    c1 = _clock(4)
+                    c2 = c1
             sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         if TRACE:
