@@ -18,12 +18,7 @@
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source benchmarks/device_env.sh
 N=${WORKERS:-8}
 # (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
 timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
