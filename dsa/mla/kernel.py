@@ -486,19 +486,17 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     that kernel's :data:`~dsa.mla.kernel_sm90.PRODUCER` entries; ``pingpong=True/False`` picks its ping-pong
     schedule for 64-head groups over the bf16 cache or not; ``persist=True/False`` runs an unsplit ping-pong launch as
     persistent programs, one per SM, or one program per item (default: :data:`~dsa.mla.kernel_sm90.PERSIST` for
-    h_q > 64); ``cluster=False`` keeps the merge kernel after its
-    split-K, ``cluster=True`` merges inside it whenever the cluster size allows (:func:`cluster_size`);
-    ``rows=True`` with a
-    16/32-head group takes it with the gathered rows as the M dimension, and ``pair=True/"pv"/False`` there picks its
-    pair schedule (``"pv"``: in its P.V-first order) or not (default: :data:`~dsa.mla.kernel_sm90.PAIR`), and
-    ``trace=`` an int32 tensor for its clock trace (:func:`~dsa.mla.kernel_sm90.launch`);
-    ``bulk=True/False`` takes :mod:`dsa.mla.kernel_bulk` wherever it applies, or never; ``slice_heads=True/False``
-    runs more than 64 heads as two slices, the 64-head groups and the rest (:func:`_sliced_heads`), or not). Without ``config``, small
-    head groups on sm_90 take that kernel where it is supported, and 1-16-head decode over the fp8 cache
-    :mod:`dsa.mla.kernel_bulk` where :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced
-    ``num_splits``, unless ``bulk=True``), and on sm_90 the heads are sliced where :func:`slice_pays` says so.
-    ``order`` forces the index lists grouped by
-    slot range first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
+    h_q > 64); ``cluster=False`` keeps the merge kernel after its split-K, ``cluster=True`` merges inside it
+    whenever the cluster size allows (:func:`cluster_size`); ``rows=True`` with a 16/32-head group takes it with the
+    gathered rows as the M dimension, and ``pair=True/"pv"/False`` there picks its pair schedule (``"pv"``: in its
+    P.V-first order) or not (default: :data:`~dsa.mla.kernel_sm90.PAIR`), and ``trace=`` an int32 tensor for its
+    clock trace (:func:`~dsa.mla.kernel_sm90.launch`); ``bulk=True/False`` takes :mod:`dsa.mla.kernel_bulk` wherever
+    it applies, or never; ``slice_heads=True/False`` runs more than 64 heads as two slices, the 64-head groups and
+    the rest (:func:`_sliced_heads`), or not). Without ``config``, small head groups on sm_90 take that kernel where
+    it is supported, and 1-16-head decode over the fp8 cache :mod:`dsa.mla.kernel_bulk` where
+    :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced ``num_splits``, unless ``bulk=True``), and on sm_90
+    the heads are sliced where :func:`slice_pays` says so. ``order`` forces the index lists grouped by slot range
+    first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
     T, h_q, _ = q.shape

@@ -757,7 +757,7 @@ def sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink=None, topk_length=None, 
     warmup = lambda c: _sparse_mla_bulk_kernel.warmup(*args, grid=grid, num_warps=4, **c)  # noqa: E731
     if consts is None:
         consts = _CONSTS[key] = resolve_offsets(constexprs(ns, has_len, has_sink, skip, trace is not None, h_q),
-                                                         warmup)
+                                                warmup)
         _CHECKED.add(spec)
     elif spec not in _CHECKED:
         got = offsets(warmup(consts).asm["ttgir"], ring_words(), STAGES, True)

@@ -451,7 +451,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         if LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)
     if TRACE:
-        _trace_store(trace_ptr, 2 + PAR, (t_wait, t_fill, _clock(4) - c_loop, t_wait * 0 + (n_tiles - PAR + 1) // 2))
+        _trace_store(trace_ptr, 2 + PAR, (t_wait, t_fill, _clock(4) - c_loop), (n_tiles - PAR + 1) // 2)
     if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
         _cluster_barrier(PW, False)
 
@@ -548,6 +548,13 @@ def _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout: gl.constexpr):
 
 
 @gluon.jit
+def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
+    """Issue (async) ``S^T = K q^T`` of one tile, the rows as M: the rope part, then the values."""
+    sc = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
+
+
+@gluon.jit
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -584,8 +591,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
-        sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
+        sc = _rows_qk(q_nope_smem, q_rope_smem, kn, k_rope_smem.index(s), s_zero)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
         if LAZY:
@@ -624,26 +630,21 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
 
 
 @gluon.jit
-def _trace_store(trace_ptr, part: gl.constexpr, sums):
+def _trace_store(trace_ptr, part: gl.constexpr, sums, n_own):
     """``TRACE``: this partition's (``part``: 0/1 the math warpgroups, 2/3 the producers) per-thread clock sums
-    ``sums`` (int32 ``[128]`` each, at most 8) to ``trace_ptr`` ``[programs, 4, 8, 128]``."""
+    ``sums`` (int32 ``[128]`` each, at most 7), then its number of own tiles ``n_own``, to ``trace_ptr``
+    ``[programs, 4, 8, 128]``."""
     pid = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-    th = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
-    row = trace_ptr + (pid.to(gl.int64) * 4 + part) * (8 * 128) + th
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    row = trace_ptr + (pid.to(gl.int64) * 4 + part) * (8 * 128) + gl.arange(0, 128, lay)
     for k in gl.static_range(len(sums)):
         gl.store(row + k * 128, sums[k])
+    gl.store(row + len(sums) * 128, gl.full([128], n_own, gl.int32, lay))
 
 
 @gluon.jit
-def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
-    """Issue (async) ``S^T = K q^T`` of one tile, the rows as M: the rope part, then the values."""
-    sc = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
-
-
-@gluon.jit
-def _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j, WG: gl.constexpr, BH: gl.constexpr,
-                z, s_layout: gl.constexpr, o_layout: gl.constexpr, SKIP_ONES: gl.constexpr):
+def _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j, WG: gl.constexpr, BH: gl.constexpr, z,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, SKIP_ONES: gl.constexpr):
     """:func:`_math_pair`: the other warpgroup's tile ``j``: wait for its P and the reference max after it, rescale
     this warpgroup's accumulator and sums by the tile's ``alpha`` (``SKIP_ONES``: only when some head's is not 1; for
     callers with no wgmma in flight) and issue P.V on this warpgroup's 256 columns (async; returns the accumulator in
@@ -728,7 +729,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
             c2 = c0
         if j > 0:  # the other warpgroup's previous tile too
             if PV_FIRST:  # its P.V first, this QK behind it; its buffer is released while this QK runs
-                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH, z,
+                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j - 1, WG, BH, z,
                                              s_layout, o_layout, True)
                 if TRACE:
                     c1 = _clock(4)
@@ -744,7 +745,7 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
                 if TRACE:
                     c1 = _clock(4)
                 sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
-                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, j - 1, WG, BH,
+                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j - 1, WG, BH,
                                              z, s_layout, o_layout, False)
                 if TRACE:
                     c2 = _clock(4)
@@ -800,11 +801,11 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
         if TRACE:
             t_own += _clock(4) - c4
     if TRACE:
-        _trace_store(trace_ptr, WG, (t_other, t_full, t_prod, t_soft, t_own, _clock(4) - c_loop,
-                                     t_other * 0 + (n_tiles - WG + 1) // 2))
+        _trace_store(trace_ptr, WG, (t_other, t_full, t_prod, t_soft, t_own, _clock(4) - c_loop),
+                     (n_tiles - WG + 1) // 2)
     if n_tiles > 0:
         if (n_tiles - 1) % 2 != WG:  # the other warpgroup's last tile comes after this one's last
-            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, empty, acc, l_2d, n_tiles - 1, WG, BH, 0,
+            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, n_tiles - 1, WG, BH, 0,
                                          s_layout, o_layout, True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
