@@ -166,6 +166,23 @@ def _capability_major(device_index: int) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+def gpu_target(device: torch.device) -> tuple | None:
+    """What Triton compiles for on ``device``: ``("cuda", compute capability)`` (e.g. ``("cuda", 86)``) or
+    ``("hip", gfx arch)`` (e.g. ``("hip", "gfx942")``); None under the Triton interpreter or off the GPU. Launch
+    configurations tuned on the H200 are replaced by this where :mod:`dsa.mla.kernel` knows better for the target."""
+    if interpreter_on() or device.type != "cuda":
+        return None
+    return _gpu_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_target(device_index: int) -> tuple:
+    if torch.version.hip is not None:
+        return ("hip", torch.cuda.get_device_properties(device_index).gcnArchName.split(":")[0])
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return ("cuda", major * 10 + minor)
+
+
 def num_sms(device: torch.device) -> int | None:
     """The streaming-multiprocessor count of a CUDA ``device`` (cached: launch code asks on every call);
     None for other devices (callers choose their CPU-interpreter grids)."""

@@ -73,7 +73,23 @@ def cmd_info(args) -> int:
     print(f"auto backend: {backend.describe()}")
     print(f"Hopper kernels (Gluon): {_hopper_kernels()}")
     print(f"fp8 e4m3fn in the portable kernels: {_fp8_path()}")
+    print(f"sparse MLA launch configurations: {_mla_configs()}")
     return 0
+
+
+def _mla_configs() -> str:
+    """Whose launch configurations the portable sparse-MLA kernel takes here (:data:`dsa.mla.kernel.TARGET_CONFIGS`)."""
+    import torch
+
+    from .backend import gpu_target
+
+    target = gpu_target(torch.device("cuda")) if torch.cuda.is_available() else None
+    if target is None:
+        return "the H200's (no GPU in use)"
+    from .mla.kernel import TARGET_CONFIGS
+
+    name = f"{target[0]} {target[1]}"
+    return f"this GPU's ({name})" if tuple(target) in TARGET_CONFIGS else f"the H200's ({name})"
 
 
 def _fp8_path() -> str:

@@ -53,6 +53,30 @@ def test_on_hopper_never_on_rocm_cpu_or_interpreter(monkeypatch):
     assert not B.on_hopper(torch.device("cuda", 0))
 
 
+def test_gpu_target(monkeypatch):
+    """What the launch code asks to pick a target's configurations (:data:`dsa.mla.kernel.TARGET_CONFIGS`):
+    ``("cuda", capability)`` on NVIDIA, ``("hip", gfx arch)`` on ROCm (its feature suffix dropped), None on the CPU
+    or under the interpreter."""
+    import types
+
+    import dsa.backend as B
+
+    monkeypatch.setattr(B, "interpreter_on", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 6))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-"))
+    monkeypatch.setattr(torch.version, "hip", None)
+    B._gpu_target.cache_clear()
+    assert B.gpu_target(torch.device("cuda", 0)) == ("cuda", 86)
+    assert B.gpu_target(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    B._gpu_target.cache_clear()
+    assert B.gpu_target(torch.device("cuda", 0)) == ("hip", "gfx942")
+    monkeypatch.setattr(B, "interpreter_on", lambda: True)
+    assert B.gpu_target(torch.device("cuda", 0)) is None
+    B._gpu_target.cache_clear()
+
+
 def test_host_integer_helpers_match_triton():
     """The launch code's ``cdiv`` / ``next_power_of_2`` (plain Python, dsa._host) give Triton's results."""
     import triton

@@ -33,7 +33,8 @@ from dsa.constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES, INT32_MAX, KV_LORA_RA
 from dsa.layouts import fp8_ds_mla_views
 from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
-from dsa.mla.kernel import SM90_TWO_GROUPS_MAX_T, block_h_for, choose_num_splits, sparse_mla_triton
+from dsa.mla.kernel import (SM90_TWO_GROUPS_MAX_T, TARGET_CONFIGS, block_h_for, choose_num_splits,
+                             sparse_mla_triton)
 from utils import (DEVICE, compiled_in_subprocess, gen, poison_, record_launches, skip_unless_gluon_triton,
                    skip_unless_hopper)
 
@@ -307,6 +308,75 @@ def test_kernel_topk_tails(topk, kv_format):
     q, kv, idx, sm, sink, tl_ = make_case(3, 16, topk, 200, kv_format, seed=topk, frac_invalid=0.3)
     got, want, vmax = run_both(q, kv, idx, sm, sink, tl_)
     assert_matches(got, want, vmax, f"topk={topk} {kv_format}")
+
+
+class _Launched(Exception):
+    """Raised by :func:`test_target_configs_dispatch`'s stand-in kernel with the launch's keyword arguments."""
+
+
+@pytest.mark.parametrize("target", sorted(TARGET_CONFIGS, key=str))
+def test_target_configs_dispatch(target, monkeypatch):
+    """On each GPU of :data:`dsa.mla.kernel.TARGET_CONFIGS` the public call launches that GPU's configurations:
+    every case (format, head group, few tokens) changed as its entry says, and no other. (The kernel is not run
+    here; :func:`test_target_configs_compute_the_same` runs the configurations.)"""
+    import dsa.mla.kernel as mk
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise _Launched(kwargs)
+
+            return launch
+
+    monkeypatch.setattr(mk.backend, "gpu_target", lambda device: target)
+    monkeypatch.setattr(mk, "_sparse_mla_fwd_kernel", Kernel())
+    changes = mk.TARGET_CONFIGS[target]
+    assert changes and set(changes) <= set(mk.TARGET_CASES)
+    taken = set()
+    for kv_format in ("bf16", "fp8_ds_mla"):
+        is_fp8 = kv_format != "bf16"
+        for h_q in (8, 16, 24, 32, 64, 128):
+            for T in (1, 12):
+                q, kv, idx, sm, _, _ = make_case(T, h_q, 70, 100, kv_format, seed=h_q + T)
+                with pytest.raises(_Launched) as launched:
+                    sparse_mla(q, kv, idx, sm, backend="triton")
+                k = launched.value.args[0]
+                bh = block_h_for(h_q)
+                case = (is_fp8, bh, is_fp8 and bh == 16 and T <= 8)
+                want = dict(mk.default_config(h_q, is_fp8, T), **changes.get(case, {}))
+                assert (k["BLOCK_H"], k["BLOCK_N"], k["num_warps"], k["num_stages"], k["PREFETCH"]) == (
+                    want["block_h"], want["block_n"], want["num_warps"], want["num_stages"],
+                    want["prefetch"] and is_fp8), (target, case)
+                taken.add(case)
+    assert set(changes) <= taken
+
+
+def _target_config_variants():
+    """The distinct launch configurations of :data:`dsa.mla.kernel.TARGET_CONFIGS` as the CPU interpreter runs
+    them (warps and stages do not change its arithmetic): ``(fp8 cache, h_q, config)``."""
+    from dsa.mla.kernel import default_config
+
+    out = {}
+    for changes in TARGET_CONFIGS.values():
+        for (is_fp8, bh, small_t), change in changes.items():
+            cfg = dict(default_config(bh, is_fp8, 1 if small_t else 64), **change)
+            out[(is_fp8, bh, cfg["block_h"], cfg["block_n"], cfg["prefetch"])] = (is_fp8, 2 * bh, cfg)
+    return [out[k] for k in sorted(out)]
+
+
+@pytest.mark.parametrize("is_fp8,h_q,config", _target_config_variants())
+def test_target_configs_compute_the_same(is_fp8, h_q, config):
+    """Each configuration :data:`dsa.mla.kernel.TARGET_CONFIGS` gives a GPU against the reference, with two head
+    groups of the case's size per token: one token (split) and three, invalid and out-of-range indices, an empty
+    row, ragged ``topk_length``, a sink, NaN in unused cache slots, poisoned outputs."""
+    kv_format = "fp8_ds_mla" if is_fp8 else "bf16"
+    for T in (1, 3):
+        q, kv, idx, sm, sink, tl_ = make_case(T, h_q, 150, 260, kv_format, seed=h_q + T, with_len=True,
+                                              with_sink=True, empty_rows=(2,) if T == 3 else ())
+        want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+        out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, out, config=dict(config, gluon=False))
+        assert_matches(got, want, max_abs_v(kv, idx, 260), f"T={T} {config}")
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 11, 64])

@@ -335,7 +335,7 @@ def choose_num_splits(T: int, head_groups: int, topk: int, num_sms: int, block_n
     return max(1, min(want, k_tiles // 2, _MAX_SPLITS))
 
 
-def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
+def default_config(h_q: int, is_fp8: bool, T: int | None = None, target: tuple | None = None) -> dict:
     """Launch configuration: heads per program, gathered rows per tile, warps, pipeline stages,
     whether the raw fp8 tile is prefetched by hand (``prefetch``), programs per SM aimed at by the
     split-K choice (``per_sm``, None: :func:`choose_num_splits`' default).
@@ -346,15 +346,58 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None) -> dict:
     fp8 cache run on mma.sync, where Triton does not pipeline the fp8 loads: 8-warp programs that
     prefetch the next raw tile were fastest for h_q 32 at every batch and for h_q 16 at batch 1
     (24 against 39 us); at larger batches h_q 16 keeps small 2-warp programs (T = ``None``: those).
+    On the GPU ``target`` (:func:`dsa.backend.gpu_target`) the entries of :data:`TARGET_CONFIGS` change them.
     """
     bh = block_h_for(h_q)
     if bh == 64:
-        return dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3, prefetch=False, per_sm=None)
-    if is_fp8:
-        if bh == 32 or (T is not None and T <= 8):
-            return dict(block_h=bh, block_n=32, num_warps=8, num_stages=2, prefetch=True, per_sm=1)
-        return dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None)
-    return dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
+        cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=2 if is_fp8 else 3, prefetch=False, per_sm=None)
+    elif is_fp8 and (bh == 32 or (T is not None and T <= 8)):
+        cfg = dict(block_h=bh, block_n=32, num_warps=8, num_stages=2, prefetch=True, per_sm=1)
+    elif is_fp8:
+        cfg = dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None)
+    else:
+        cfg = dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
+    changes = TARGET_CONFIGS.get(tuple(target)) if target is not None else None
+    if changes:
+        small_t = bool(is_fp8 and bh == 16 and T is not None and T <= 8)
+        cfg.update(changes.get((bool(is_fp8), bh, small_t), {}))
+    return cfg
+
+
+#: the cases of :data:`TARGET_CONFIGS`: (fp8 cache, heads per program as :func:`block_h_for` gives them, 16-head
+#: programs over the fp8 cache in a call of at most 8 tokens)
+TARGET_CASES = [(False, 16, False), (False, 32, False), (False, 64, False),
+                (True, 16, False), (True, 16, True), (True, 32, False), (True, 64, False)]
+
+_MMA_SYNC_99K = {(False, 32, False): dict(block_n=32), (False, 64, False): dict(block_n=16),
+                 (True, 64, False): dict(block_h=32, block_n=32)}
+
+#: GPUs (:func:`dsa.backend.gpu_target`) that take other launch configurations than the H200's: per case of
+#: :data:`TARGET_CASES`, what changes in :func:`default_config`'s configuration there. Chosen by compiling for the
+#: target, not by timing (no such GPU was at hand): there the H200's configuration spills registers (0.4-2.9 KB per
+#: thread for 64-head fp8 programs) or needs more shared memory than the GPU has, so each entry is the nearest
+#: configuration that fits and spills at most a few registers: most heads per program, then most rows per tile, then
+#: most pipeline stages, then the H200's warps, half or twice as many (``python tests/compile_targets.py TARGET
+#: --search-mla`` finds them; ``tests/test_targets.py`` checks the kernels launched there). NVIDIA GPUs other than
+#: Hopper run the products on ``mma.sync``, whose A operand (q) stays in registers; AMD's CDNA GPUs give a program of
+#: 8 wavefronts at most 256 registers each, of 4 wavefronts 512.
+TARGET_CONFIGS = {
+    ("cuda", 80): {(False, 32, False): dict(num_warps=8), (True, 64, False): dict(block_h=32)},
+    ("cuda", 86): _MMA_SYNC_99K,
+    ("cuda", 89): _MMA_SYNC_99K,
+    ("cuda", 120): _MMA_SYNC_99K,
+    ("hip", "gfx90a"): {(False, 16, False): dict(num_stages=1), (False, 32, False): dict(num_stages=1),
+                        (False, 64, False): dict(block_n=32, num_warps=4, num_stages=1),
+                        (True, 32, False): dict(num_warps=4),
+                        (True, 64, False): dict(block_n=16, num_warps=4, num_stages=1)},
+    ("hip", "gfx942"): {(False, 16, False): dict(num_stages=1), (False, 32, False): dict(num_stages=1),
+                        (False, 64, False): dict(num_warps=4, num_stages=1),
+                        (True, 32, False): dict(num_warps=4),
+                        (True, 64, False): dict(block_n=16, num_warps=4, num_stages=1)},
+    ("hip", "gfx950"): {(False, 32, False): dict(num_stages=2), (False, 64, False): dict(num_warps=4, num_stages=1),
+                        (True, 32, False): dict(num_warps=4),
+                        (True, 64, False): dict(block_n=16, num_warps=4, num_stages=1)},
+}
 
 
 def fitting_configs(cfg: dict) -> list:
@@ -523,7 +566,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     else:
         nope, rope = kv[:, :KV_LORA_RANK], kv[:, KV_LORA_RANK:D_QK]
         scales, stride_scale = kv, 0  # unused
-    cfg = default_config(h_q, is_fp8, T)
+    cfg = default_config(h_q, is_fp8, T, backend.gpu_target(dev))
     config = {k: v for k, v in (config or {}).items() if k != "bulk"}
     if not config and kernel_sm90 is not None and cfg["block_h"] < 64 and kernel_sm90.supported(q, kv, cfg["block_h"]):
         cfg.update(SM90_ROWS_SMALL_HEADS)
