@@ -7,10 +7,10 @@ first: that the kernel compiles for the target and that its shared memory fits t
 one). Targets: NVIDIA sm_80 (A100) and sm_86 (A10, RTX 30xx), where Triton has no e4m3fn type and the software
 fp8 path compiles (:mod:`dsa.fp8`); sm_89 (L40, RTX 40xx) and sm_120 (RTX 50xx), 99 KiB per block; AMD gfx90a
 (MI200) and gfx942 (MI300), 64 KiB, and gfx950 (MI350), 160 KiB (no ``maxnreg``, no inline PTX). The sparse-MLA
-kernels launched there must also spill (almost) no registers (:data:`dsa.mla.kernel.TARGET_CONFIGS`). Whether the
-kernels also run right there is not shown here: the software fp8 path is checked against the references under the
-interpreter (``tests/test_fp8_emulation.py``) and on the H200, and so are the targets' configurations
-(``tests/test_mla.py``).
+and paged-logits kernels launched there must also spill (almost) no registers (:data:`dsa.mla.kernel.TARGET_CONFIGS`,
+:data:`dsa.mqa_logits.kernel.MAXNREG_TARGET`). Whether the kernels also run right there is not shown here: the
+software fp8 path is checked against the references under the interpreter (``tests/test_fp8_emulation.py``) and on
+the H200, and so are the targets' configurations (``tests/test_mla.py``).
 """
 from __future__ import annotations
 
@@ -46,3 +46,5 @@ def test_portable_kernels_compile_and_fit(target):
     from compile_targets import SPILL_OK
 
     assert summary["spills"]["_sparse_mla_fwd_kernel"] <= SPILL_OK, summary["spills"]
+    # ... and so do the paged logits programs (their H200 register cap is taken on the H200 only)
+    assert summary["spills"]["_paged_mqa_logits_kernel"] <= SPILL_OK, summary["spills"]

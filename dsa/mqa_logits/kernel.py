@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - a Triton without Gluon
     kernel_sm90 = None
 
 from .._host import cdiv, next_power_of_2
-from ..backend import fp8_mode, interpreter_on, nvidia_options
+from ..backend import fp8_mode, gpu_target, interpreter_on, nvidia_options
 from ..constants import INDEXER_ROW_BYTES
 from ..fp8 import tl_fp8_operand
 
@@ -365,6 +365,7 @@ PAGED_CONFIGS = {
     "bs1_next_n2+": dict(BLOCK_N=64, SPAN=2048, num_warps=4, num_stages=1, PREFETCH=2, MAXNREG=168),
 }
 PAGED_INTERPRET_TILES = dict(BLOCK_N=16, SPAN=32, num_stages=1)  # the CPU interpreter: same paths, small tiles
+MAXNREG_TARGET = ("cuda", 90)  # MAXNREG applies on this target only (:func:`dsa.backend.gpu_target`)
 
 
 def _paged_config(block_size: int, next_n: int, override: dict | None):
@@ -408,8 +409,10 @@ def fp8_paged_mqa_logits_triton(q, cache_blocks, weights, context_lens, block_ta
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     maxnreg = cfg.pop("MAXNREG", None)
     acc_regs = cfg["BLOCK_N"] * next_power_of_2(next_n) * H // (32 * num_warps)  # the dot's fp32 result
-    if maxnreg is not None and acc_regs <= maxnreg // 2:  # a cap that would squeeze the accumulator is not applied
-        cfg.update(nvidia_options(q.device, maxnreg=maxnreg))  # (next_n 4); NVIDIA only
+    # a cap that would squeeze the accumulator (next_n 4) is not applied; nor is one on GPUs other than the one it
+    # was measured on, the H200 (NVIDIA only): on sm_80-120 the 168-register cap spills 72-192 bytes per thread
+    if maxnreg is not None and acc_regs <= maxnreg // 2 and gpu_target(q.device) == MAXNREG_TARGET:
+        cfg.update(nvidia_options(q.device, maxnreg=maxnreg))
     cfg["PREFETCH"] = int(cfg.get("PREFETCH", 0))
     if cfg["PREFETCH"] not in (0, 2, 3):
         raise ValueError(f"paged logits config: PREFETCH must be 0, 2 or 3, got {cfg['PREFETCH']}")
