@@ -378,11 +378,13 @@ _MMA_SYNC_99K = {(False, 32, False): dict(block_n=32), (False, 64, False): dict(
 #: thread for 64-head fp8 programs) or needs more shared memory than the GPU has, so each entry is the nearest
 #: configuration that fits and spills at most a few registers: most heads per program, then most rows per tile, then
 #: most pipeline stages, then the H200's warps, half or twice as many (``python tests/compile_targets.py TARGET
-#: --search-mla`` finds them; ``tests/test_targets.py`` checks the kernels launched there). NVIDIA GPUs other than
-#: Hopper run the products on ``mma.sync``, whose A operand (q) stays in registers; AMD's CDNA GPUs give a program of
-#: 8 wavefronts at most 256 registers each, of 4 wavefronts 512.
+#: --search-mla`` finds them; ``tests/test_targets.py`` checks the kernels launched there). Ampere, Ada and consumer
+#: Blackwell GPUs run the products on ``mma.sync``, whose A operand (q) stays in registers; AMD's CDNA GPUs give a
+#: program of 8 wavefronts at most 256 registers each, of 4 wavefronts 512. On sm_100 (B200) only the bf16 programs
+#: of 32 and 64 heads change.
 TARGET_CONFIGS = {
     ("cuda", 80): {(False, 32, False): dict(num_warps=8), (True, 64, False): dict(block_h=32)},
+    ("cuda", 100): {(False, 32, False): dict(num_warps=8), (False, 64, False): dict(num_stages=1)},
     ("cuda", 86): _MMA_SYNC_99K,
     ("cuda", 89): _MMA_SYNC_99K,
     ("cuda", 120): _MMA_SYNC_99K,

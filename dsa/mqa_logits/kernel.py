@@ -141,10 +141,14 @@ PREFILL_CONFIGS = {
     "default": dict(BLOCK_R=256, BLOCK_N=64, SPAN=8192, num_warps=4, num_stages=3),
     "interpret": dict(BLOCK_R=128, BLOCK_N=32, SPAN=64, num_warps=4, num_stages=1),
 }
+#: what changes in "default" on other GPUs (:func:`dsa.backend.gpu_target`), chosen by compiling, not timing: on
+#: sm_100 (B200) the 4-warp programs spill 128-144 bytes per thread, 8-warp ones nothing (tests/test_targets.py)
+PREFILL_TARGET_CONFIGS = {("cuda", 100): dict(num_warps=8)}
 
 
-def _prefill_config(H: int, override: dict | None):
+def _prefill_config(H: int, override: dict | None, target: tuple | None = None):
     cfg = dict(PREFILL_CONFIGS["interpret" if interpreter_on() else "default"])
+    cfg.update(PREFILL_TARGET_CONFIGS.get(tuple(target), {}) if target is not None else {})
     if override:
         cfg.update(override)
     if H <= 16 and not (override and "BLOCK_R" in override):
@@ -162,7 +166,7 @@ def fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, cl
     N = k.shape[0]
     if M == 0 or N == 0:
         return out
-    cfg = _prefill_config(H, config)
+    cfg = _prefill_config(H, config, gpu_target(q.device))
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (cdiv(M, cfg["BLOCK_Q"]), cdiv(N, cfg["SPAN"]))
     mode = fp8_mode(q.device)
