@@ -168,8 +168,9 @@ def _capability_major(device_index: int) -> int:
 
 def gpu_target(device: torch.device) -> tuple | None:
     """What Triton compiles for on ``device``: ``("cuda", compute capability)`` (e.g. ``("cuda", 86)``) or
-    ``("hip", gfx arch)`` (e.g. ``("hip", "gfx942")``); None under the Triton interpreter or off the GPU. Launch
-    configurations tuned on the H200 are replaced by this where :mod:`dsa.mla.kernel` knows better for the target."""
+    ``("hip", gfx arch)`` (e.g. ``("hip", "gfx942")``); None under the Triton interpreter or off the GPU. The ops
+    replace launch configurations tuned on the H200 by others where they spill registers on the target
+    (:data:`dsa.mla.kernel.TARGET_CONFIGS`, :data:`dsa.mqa_logits.kernel.PREFILL_TARGET_CONFIGS`)."""
     if interpreter_on() or device.type != "cuda":
         return None
     return _gpu_target(device.index if device.index is not None else torch.cuda.current_device())

@@ -384,9 +384,9 @@ _MMA_SYNC_99K = {(False, 32, False): dict(block_n=32), (False, 64, False): dict(
 #: of 32 and 64 heads change.
 TARGET_CONFIGS = {
     ("cuda", 80): {(False, 32, False): dict(num_warps=8), (True, 64, False): dict(block_h=32)},
-    ("cuda", 100): {(False, 32, False): dict(num_warps=8), (False, 64, False): dict(num_stages=1)},
     ("cuda", 86): _MMA_SYNC_99K,
     ("cuda", 89): _MMA_SYNC_99K,
+    ("cuda", 100): {(False, 32, False): dict(num_warps=8), (False, 64, False): dict(num_stages=1)},
     ("cuda", 120): _MMA_SYNC_99K,
     ("hip", "gfx90a"): {(False, 16, False): dict(num_stages=1), (False, 32, False): dict(num_stages=1),
                         (False, 64, False): dict(block_n=32, num_warps=4, num_stages=1),
