@@ -351,6 +351,16 @@ def test_target_configs_dispatch(target, monkeypatch):
     assert set(changes) <= taken
 
 
+def test_h200_configs_unchanged_by_targets():
+    """The H200 (and any GPU without an entry, or no GPU) keeps the measured configurations: sm_90 has no entry."""
+    import dsa.mla.kernel as mk
+
+    assert ("cuda", 90) not in mk.TARGET_CONFIGS
+    for is_fp8, bh, small_t in mk.TARGET_CASES:
+        T = 1 if small_t else 64
+        assert mk.default_config(bh, is_fp8, T, ("cuda", 90)) == mk.default_config(bh, is_fp8, T)
+
+
 def _target_config_variants():
     """The distinct launch configurations of :data:`dsa.mla.kernel.TARGET_CONFIGS` as the CPU interpreter runs
     them (warps and stages do not change its arithmetic): ``(fp8 cache, h_q, config)``."""
