@@ -30,7 +30,7 @@ from triton.runtime import driver
 from triton.runtime.errors import OutOfResources
 
 #: shared memory per block (opt-in maximum) of each target's GPUs, bytes
-SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376,
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376, 121: 101376,
                 "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
 
 

@@ -9,10 +9,10 @@ configurations spill on a target, the ops take other ones there (:data:`dsa.mla.
 :data:`dsa.mqa_logits.kernel.PREFILL_TARGET_CONFIGS` and ``MAXNREG_TARGET``).
 
 Targets: NVIDIA sm_80 (A100) and sm_86 (A10, RTX 30xx), where Triton has no e4m3fn type and the software fp8 path
-compiles (:mod:`dsa.fp8`); sm_89 (L40, RTX 40xx) and sm_120 (RTX 50xx), 99 KiB per block; sm_100 (B200); AMD gfx90a
-(MI200) and gfx942 (MI300), 64 KiB, and gfx950 (MI350), 160 KiB (no ``maxnreg``, no inline PTX). Whether the kernels
-also run right there is not shown here: the software fp8 path is checked against the references under the
-interpreter (``tests/test_fp8_emulation.py``) and on the H200, and so are the targets' configurations
+compiles (:mod:`dsa.fp8`); sm_89 (L40, RTX 40xx), sm_120 (RTX 50xx) and sm_121 (GB10), 99 KiB per block; sm_100
+(B200); AMD gfx90a (MI200) and gfx942 (MI300), 64 KiB, and gfx950 (MI350), 160 KiB (no ``maxnreg``, no inline PTX).
+Whether the kernels also run right there is not shown here: the software fp8 path is checked against the references
+under the interpreter (``tests/test_fp8_emulation.py``) and on the H200, and so are the targets' configurations
 (``tests/test_mla.py``).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("target", ["80", "86", "89", "100", "120", "gfx90a", "gfx942", "gfx950"])
+@pytest.mark.parametrize("target", ["80", "86", "89", "100", "120", "121", "gfx90a", "gfx942", "gfx950"])
 def test_portable_kernels_compile_and_fit(target):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSA_FP8_EMULATION")}
     r = subprocess.run([sys.executable, os.path.join(HERE, "compile_targets.py"), target], env=env,

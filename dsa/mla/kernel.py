@@ -388,6 +388,7 @@ TARGET_CONFIGS = {
     ("cuda", 89): _MMA_SYNC_99K,
     ("cuda", 100): {(False, 32, False): dict(num_warps=8), (False, 64, False): dict(num_stages=1)},
     ("cuda", 120): _MMA_SYNC_99K,
+    ("cuda", 121): _MMA_SYNC_99K,
     ("hip", "gfx90a"): {(False, 16, False): dict(num_stages=1), (False, 32, False): dict(num_stages=1),
                         (False, 64, False): dict(block_n=32, num_warps=4, num_stages=1),
                         (True, 32, False): dict(num_warps=4),
