@@ -40,7 +40,7 @@ DECODE_CASES = [
     (3, 2, 16, 64, 16, 6, "fp8 float8_e4m3fn", True, True),
     (2, 1, 32, 40, 8, 5, "bf16", False, False),
     (2, 3, 8, 70, 64, 2, "fp8 uint8", True, False),
-    (1, 4, 64, 33, 4, 9, "fp8 uint8 3-dim", False, True),
+    (1, 4, 64, 33, 4, 9, "fp8 uint8 3-dim", True, True),  # b 1: the lengths broadcast without a copy
 ]
 
 

@@ -124,7 +124,7 @@ def flash_mla_with_kvcache(
         raise ValueError(f"indices: expected shape [{b}, {s_q}, topk] (b, s_q from q), got {list(indices.shape)}")
     if topk_length is not None:
         check_tensor("topk_length", topk_length, dtype=torch.int32, shape=[b])
-        topk_length = topk_length[:, None].expand(b, s_q).reshape(b * s_q)  # every token of a request: its length
+        topk_length = topk_length[:, None].expand(b, s_q).contiguous().view(b * s_q)  # one per token
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
     out, _, lse = sparse_mla(q.reshape(b * s_q, h_q, d_qk), kv, indices.reshape(b * s_q, indices.shape[2]),
