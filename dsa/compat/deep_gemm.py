@@ -11,8 +11,9 @@ Differences, decided here:
 * ``q`` may also be given as the pair ``(q, None)`` that newer DeepGEMM wrappers pass (an fp4 ``q`` with scales
   is not taken);
 * the compressed prefill form (``max_seqlen_k > 0``: ``logits[i, j]`` for key ``ks[i] + j``) is computed by dsa's
-  kernel over row chunks of at most :data:`COMPRESSED_CHUNK_BYTES` of full-width logits, then gathered; every
-  entry past a row's range is ``-inf`` (DeepGEMM leaves them unspecified).
+  kernel over row chunks of at most :data:`COMPRESSED_CHUNK_BYTES` of full-width logits, then gathered: its memory
+  stays that bound over the output, but it writes and reads the full width once (DeepGEMM's kernel writes only the
+  windows); every entry past a row's range is ``-inf`` (DeepGEMM leaves them unspecified).
 """
 from __future__ import annotations
 
