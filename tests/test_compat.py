@@ -23,7 +23,8 @@ from dsa.constants import D_QK, D_V
 # ----------------------------------------------------------------------------------------------
 def flat(kv):
     """A cache in any accepted shape and form as dsa's flat rows ``[S, 576]`` bf16 / ``[S, 656]`` uint8."""
-    return kv.reshape(-1, D_QK) if kv.dtype == torch.bfloat16 else kv.view(torch.uint8).reshape(-1, kv.shape[-1])
+    rows = kv.reshape(-1, kv.shape[-1])  # (a copy for a padded cache)
+    return rows if kv.dtype == torch.bfloat16 else rows.view(torch.uint8)
 
 
 def assert_close(out, lse, want_out, want_lse, vmax, ml=None, want_ml=None):
@@ -41,7 +42,19 @@ DECODE_CASES = [
     (2, 1, 32, 40, 8, 5, "bf16", False, False),
     (2, 3, 8, 70, 64, 2, "fp8 uint8", True, False),
     (1, 4, 64, 33, 4, 9, "fp8 uint8 3-dim", True, True),  # b 1: the lengths broadcast without a copy
+    (2, 2, 16, 64, 16, 5, "fp8 float8_e4m3fn padded", True, False),  # blocks a whole number of rows apart
+    (3, 1, 32, 50, 1, 40, "bf16 padded", False, True),
 ]
+
+
+def pad_blocks(kv, extra_rows):
+    """The same paged cache with ``extra_rows`` more rows per block, NaN (all-ones bytes) in them, as the
+    ``[num_blocks, block_size, ...]`` slice of that bigger tensor (FlashMLA's tests pad their caches so)."""
+    nb, bs = kv.shape[:2]
+    big = torch.empty((nb, bs + extra_rows) + tuple(kv.shape[2:]), dtype=kv.dtype)
+    big.view(torch.uint8).fill_(0xFF)  # NaN in bf16, e4m3fn and fp32
+    big[:, :bs] = kv
+    return big[:, :bs]
 
 
 @pytest.mark.parametrize("b,s_q,h_q,topk,bs,nb,form,with_len,with_sink", DECODE_CASES)
@@ -51,13 +64,16 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     idx = make_indices(T, topk, S, g, empty_rows=(T - 1,))  # -1 and >= S entries, duplicates, a lonely query
     used = torch.zeros(S, dtype=torch.bool)
     used[idx[(idx >= 0) & (idx < S)].long()] = True
-    kv = make_cache(S, "bf16" if form == "bf16" else "fp8_ds_mla", g, used, block_size=bs)  # NaN in unused slots
-    if form == "bf16":
+    kv = make_cache(S, "bf16" if form.startswith("bf16") else "fp8_ds_mla", g, used, block_size=bs)  # NaN in unused slots
+    if form.startswith("bf16"):
         kv = kv.unsqueeze(2)  # FlashMLA's [num_blocks, block_size, 1, 576]
     elif "float8" in form:
         kv = kv.view(torch.float8_e4m3fn)  # FlashMLA's own dtype for the 656-byte rows
     elif "3-dim" in form:
         kv = kv.squeeze(2)
+    if "padded" in form:
+        kv = pad_blocks(kv, 3)
+        assert not kv.is_contiguous()
     q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(torch.bfloat16)
     topk_length = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32) if with_len else None
     sink = torch.randn(h_q, generator=g) * 2 if with_sink else None
@@ -68,7 +84,7 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     assert none is None and isinstance(meta, flash_mla.FlashMLASchedMeta)
     to = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
     out, lse = flash_mla.flash_mla_with_kvcache(
-        to(q), to(kv), None, None, D_V, meta, is_fp8_kvcache=form != "bf16", indices=to(idx.view(b, s_q, topk)),
+        to(q), to(kv), None, None, D_V, meta, is_fp8_kvcache=not form.startswith("bf16"), indices=to(idx.view(b, s_q, topk)),
         attn_sink=to(sink), topk_length=to(topk_length))
     assert out.shape == (b, s_q, h_q, D_V) and lse.shape == (b, h_q, s_q)
 
@@ -84,7 +100,7 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     # tensors of FlashMLA's older get_mla_metadata
     out2, _ = flash_mla.flash_mla_with_kvcache(to(q[:1]), to(kv), None, None, D_V, to(torch.zeros(132, 8).int()),
                                                to(torch.zeros(2).int()), softmax_scale=0.1,
-                                               is_fp8_kvcache=form != "bf16", indices=to(idx.view(b, s_q, topk)[:1]))
+                                               is_fp8_kvcache=not form.startswith("bf16"), indices=to(idx.view(b, s_q, topk)[:1]))
     want2, _, _ = brute_force(q[:1].reshape(s_q, h_q, D_QK), flat(kv), idx[:s_q], 0.1)
     torch.testing.assert_close(out2.reshape(s_q, h_q, D_V).float().cpu(), want2.float(), atol=OUT_ATOL_REL * vmax,
                                rtol=0)
@@ -127,7 +143,8 @@ BAD_DECODE = [
     (dict(extra_indices_in_kvcache=torch.zeros(2, 1, 8, dtype=torch.int32)), "extra_indices_in_kvcache"),
     (dict(extra_topk_length=torch.zeros(2, dtype=torch.int32)), "extra_topk_length"),
     (dict(is_fp8_kvcache=False), "is_fp8_kvcache"),
-    (dict(k_cache=torch.zeros(4, 17, 656, dtype=torch.uint8)[:, :16]), "k_cache"),  # a padded block stride
+    (dict(k_cache=torch.zeros(4, 16 * 656 + 8, dtype=torch.uint8)[:, :16 * 656].view(4, 16, 656)), "k_cache"),
+    (dict(k_cache=torch.zeros(4, 16, 1, 700, dtype=torch.uint8)[..., :656]), "k_cache"),  # rows apart
     (dict(k_cache=torch.zeros(4, 16, 2, 656, dtype=torch.uint8)), "k_cache"),
     (dict(indices=torch.zeros(2, 2, 64, dtype=torch.int32)), "indices"),
     (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length"),
@@ -257,3 +274,13 @@ def test_readme_example_runs():
     env.update(q_fp8=q_fp8, weights=weights)
     exec("logits =" + code.split("logits =")[1], env)
     assert env["logits"].shape == (5, 40)
+
+
+def test_padded_cache_slot_map():
+    """Slots of a padded cache map to rows of its flat view; every invalid slot to -1, also those whose row would
+    wrap around int32 onto a real one (block size 1, 3 rows per block: slot 1431655766 -> row 2**32 + 2)."""
+    kv = pad_blocks(torch.zeros(5, 1, 1, 656, dtype=torch.uint8), 2)
+    idx = torch.tensor([[0, 1, 4, 5, -1, 1431655766, 2**31 - 1, -2**31]], dtype=torch.int32)
+    flat, rows = flash_mla._cache_rows(kv, True, idx)
+    assert flat.shape == (13, 656) and flat.is_contiguous() and flat.data_ptr() == kv.data_ptr()
+    assert rows.tolist() == [[0, 3, 12, -1, -1, -1, -1, -1]]

@@ -15,16 +15,18 @@ Differences, decided here:
   read (the two tensors of FlashMLA's older ``get_mla_metadata`` may be passed);
 * the decode ``lse`` ``[b, h_q, s_q]`` is a transposed view of a ``[b, s_q, h_q]`` tensor (no copy kernel; call
   ``.contiguous()`` where a packed one is needed);
+* a decode cache with padded blocks (FlashMLA reads any block stride) is taken when the stride is a whole number of
+  rows: the index lists are mapped onto a flat view of the rows first (a few elementwise ops on them);
 * not taken (``ValueError`` naming the argument): dense decode (``indices=None``), ``causal``, the extra cache and
-  its indices (DeepSeek-V4's second index list), ``indexer_topk``, and a cache whose blocks are not packed one
-  after the other (FlashMLA allows a padded block stride).
+  its indices (DeepSeek-V4's second index list), ``indexer_topk``, and a block stride that is not a whole number of
+  rows.
 """
 from __future__ import annotations
 
 import torch
 
 from .._checks import check_tensor
-from ..constants import D_V
+from ..constants import D_V, INT32_MAX
 from ..mla import sparse_mla
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
@@ -49,8 +51,14 @@ def _not_taken(name: str, value, why: str) -> None:
         raise ValueError(f"{name}: not supported by dsa ({why}); expected None, got {type(value).__name__}")
 
 
-def _cache_rows(k_cache, is_fp8_kvcache) -> torch.Tensor:
-    """The MLA cache as dsa's ``kv`` argument: an fp8 cache as uint8 bytes (a view), after checking the format flag."""
+def _cache_rows(k_cache, is_fp8_kvcache, indices):
+    """The MLA cache as dsa's ``kv`` argument and the index lists ``[T, topk]`` that go with it.
+
+    An fp8 cache becomes uint8 bytes (a view), after checking the format flag. A cache whose blocks are padded
+    (block stride a whole number of rows, more than ``block_size``: FlashMLA's allowance, e.g. a page padded to
+    another cache's size) becomes one flat view of its rows, padding rows included, and each valid slot
+    ``b * block_size + i`` its row ``b * rows_per_block + i`` there (invalid ones -1): a few elementwise ops on the
+    indices, no copy of the cache; the padding is never read."""
     check_tensor("k_cache", k_cache, dtype=(torch.uint8, torch.float8_e4m3fn, torch.bfloat16), ndim=(3, 4))
     fp8 = k_cache.dtype != torch.bfloat16
     if bool(is_fp8_kvcache) != fp8:
@@ -59,10 +67,24 @@ def _cache_rows(k_cache, is_fp8_kvcache) -> torch.Tensor:
                          "bytes, 656 per token; a bf16 cache has 576 values per token)")
     if k_cache.dim() == 4 and k_cache.shape[2] != 1:
         raise ValueError(f"k_cache: expected num_heads_k (dim 2) 1, got shape {list(k_cache.shape)}")
-    if not k_cache.is_contiguous():
-        raise ValueError(f"k_cache: expected its blocks packed one after the other (a contiguous tensor), got "
-                         f"shape {list(k_cache.shape)} with strides {k_cache.stride()}")
-    return k_cache.view(torch.uint8) if k_cache.dtype == torch.float8_e4m3fn else k_cache
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k_cache = k_cache.view(torch.uint8)
+    if k_cache.is_contiguous():
+        return k_cache, indices
+    nb, bs, width = k_cache.shape[0], k_cache.shape[1], k_cache.shape[-1]
+    rows_per_block = k_cache.stride(0) // width if nb > 1 else bs
+    packed = (bs == 1 or k_cache.stride(1) == width) and k_cache.stride(-1) == 1
+    if not (packed and k_cache.stride(0) % width == 0 and rows_per_block >= bs):
+        raise ValueError(f"k_cache: expected contiguous rows within each block and a block stride of a whole number "
+                         f"of rows ({width} elements, at least block_size of them), got shape {list(k_cache.shape)} "
+                         f"with strides {k_cache.stride()}")
+    S, rows = nb * bs, max(nb - 1, 0) * rows_per_block + bs
+    if rows > INT32_MAX:
+        raise ValueError(f"k_cache: {rows} rows with the padding exceed int32 slots")
+    flat = torch.as_strided(k_cache, (rows, width), (width, 1), k_cache.storage_offset())
+    idx = indices.long()
+    row = idx + (idx // bs) * (rows_per_block - bs)
+    return flat, torch.where((idx >= 0) & (idx < S), row, -1).to(torch.int32)
 
 
 def flash_mla_with_kvcache(
@@ -90,7 +112,8 @@ def flash_mla_with_kvcache(
     Args:
         q: ``[b, s_q, h_q, 576]`` bf16.
         k_cache: the MLA cache, ``[num_blocks, block_size, 1, 656]`` fp8_ds_mla bytes (uint8 or float8_e4m3fn;
-            ``is_fp8_kvcache=True``) or ``[num_blocks, block_size, 1, 576]`` bf16; contiguous.
+            ``is_fp8_kvcache=True``) or ``[num_blocks, block_size, 1, 576]`` bf16; rows contiguous within a block,
+            blocks one after the other or a whole number of rows apart.
         block_table, cache_seqlens: not read (the indices are slots already, as in FlashMLA's sparse mode).
         head_dim_v: 512.
         tile_scheduler_metadata, num_splits: not read (FlashMLA's current interface passes the metadata of
@@ -118,17 +141,16 @@ def flash_mla_with_kvcache(
     _not_taken("extra_topk_length", extra_topk_length, why)
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4)
     b, s_q, h_q, d_qk = q.shape
-    kv = _cache_rows(k_cache, is_fp8_kvcache)
     check_tensor("indices", indices, dtype=torch.int32, ndim=3)
     if list(indices.shape[:2]) != [b, s_q]:
         raise ValueError(f"indices: expected shape [{b}, {s_q}, topk] (b, s_q from q), got {list(indices.shape)}")
+    kv, indices = _cache_rows(k_cache, is_fp8_kvcache, indices.reshape(b * s_q, indices.shape[2]))
     if topk_length is not None:
         check_tensor("topk_length", topk_length, dtype=torch.int32, shape=[b])
         topk_length = topk_length[:, None].expand(b, s_q).contiguous().view(b * s_q)  # one per token
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
-    out, _, lse = sparse_mla(q.reshape(b * s_q, h_q, d_qk), kv, indices.reshape(b * s_q, indices.shape[2]),
-                             softmax_scale, head_dim_v, attn_sink=attn_sink, topk_length=topk_length, backend=backend)
+    out, _, lse = sparse_mla(q.reshape(b * s_q, h_q, d_qk), kv, indices, softmax_scale, head_dim_v, attn_sink=attn_sink, topk_length=topk_length, backend=backend)
     return out.reshape(b, s_q, h_q, out.shape[-1]), lse.reshape(b, s_q, h_q).transpose(1, 2)
 
 
