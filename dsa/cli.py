@@ -89,7 +89,7 @@ def _mla_configs() -> str:
     from .mla.kernel import TARGET_CONFIGS
 
     name = f"{target[0]} {target[1]}"
-    return f"this GPU's ({name})" if tuple(target) in TARGET_CONFIGS else f"the H200's ({name})"
+    return f"this GPU's ({name})" if target in TARGET_CONFIGS else f"the H200's ({name})"
 
 
 def _fp8_path() -> str:

@@ -357,7 +357,7 @@ def default_config(h_q: int, is_fp8: bool, T: int | None = None, target: tuple |
         cfg = dict(block_h=16, block_n=16, num_warps=2, num_stages=2, prefetch=False, per_sm=None)
     else:
         cfg = dict(block_h=bh, block_n=64, num_warps=4, num_stages=3, prefetch=False, per_sm=None)
-    changes = TARGET_CONFIGS.get(tuple(target)) if target is not None else None
+    changes = TARGET_CONFIGS.get(target)
     if changes:
         small_t = bool(is_fp8 and bh == 16 and T is not None and T <= 8)
         cfg.update(changes.get((bool(is_fp8), bh, small_t), {}))

@@ -148,7 +148,7 @@ PREFILL_TARGET_CONFIGS = {("cuda", 100): dict(num_warps=8)}
 
 def _prefill_config(H: int, override: dict | None, target: tuple | None = None):
     cfg = dict(PREFILL_CONFIGS["interpret" if interpreter_on() else "default"])
-    cfg.update(PREFILL_TARGET_CONFIGS.get(tuple(target), {}) if target is not None else {})
+    cfg.update(PREFILL_TARGET_CONFIGS.get(target, {}))
     if override:
         cfg.update(override)
     if H <= 16 and not (override and "BLOCK_R" in override):
