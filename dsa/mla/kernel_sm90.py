@@ -826,6 +826,13 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
 # 64-head groups, ping-pong: the two math warpgroups own alternate tiles (pairs of tiles per step)
 # ------------------------------------------------------------------------------------------------------
 @gluon.jit
+def _q_tile_buffers(BH: gl.constexpr, sh: gl.constexpr):
+    """The ping-pong and pair schedules' q (``[1, BH, ...]``) and two tile buffers, nope and rope parts."""
+    return (gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh), gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh),
+            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], sh), gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], sh))
+
+
+@gluon.jit
 def _pp_copy_bf16(kn, kr, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows, HALF: gl.constexpr,
                   cp_l: gl.constexpr):
     """cp.async one half of a gathered bf16 tile: HALF 0 the values ``[0, 256)``, HALF 1 ``[256, 512)`` and
@@ -1207,10 +1214,7 @@ def _sparse_mla_sm90_kernel(
     idx_row = idx_ptr + t64 * stride_it
     if PINGPONG:
         vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DV], sh)
-        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], sh)
-        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
-        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+        q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem = _q_tile_buffers(BH, sh)
         p1_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
         m_smem = gl.allocate_shared_memory(gl.float32, [BH], vec)
         l_smem = gl.allocate_shared_memory(gl.float32, [2 * BH], vec)
@@ -1254,10 +1258,7 @@ def _sparse_mla_sm90_kernel(
                                 idx_row, start, n_pairs, stop, S, 0, PRODUCER_WARPS, CLUSTER)),
             ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
     elif PAIR:  # 16/32 heads: two math warpgroups on alternate tiles, each with its own producer warpgroup
-        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DV], sh)
-        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], sh)
-        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
-        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
+        q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem = _q_tile_buffers(BH, sh)
         vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         m_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         pp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BH],
