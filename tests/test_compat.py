@@ -1,6 +1,7 @@
 """dsa.compat: FlashMLA's and DeepGEMM's call forms on dsa's kernels.
 
-The FlashMLA forms are checked against test_mla's float64 brute force, called as FlashMLA defines the results (decode: out ``[b, s_q, h_q, 512]``, lse ``[b, h_q, s_q]``, ``topk_length`` per request, the sink as the
+The FlashMLA forms are checked against test_mla's float64 brute force, called as FlashMLA defines the results
+(decode: out ``[b, s_q, h_q, 512]``, lse ``[b, h_q, s_q]``, ``topk_length`` per request, the sink as the
 factor ``exp(lse) / (exp(lse) + exp(sink))``, +inf lse and zero output for a query with no valid entry), with
 sparse_mla's tolerances (tests/test_mla.py). The DeepGEMM forms: the full and paged logits are the public ops'
 results unchanged (bitwise); the compressed form against the full logits, window by window.
@@ -64,8 +65,9 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     idx = make_indices(T, topk, S, g, empty_rows=(T - 1,))  # -1 and >= S entries, duplicates, a lonely query
     used = torch.zeros(S, dtype=torch.bool)
     used[idx[(idx >= 0) & (idx < S)].long()] = True
-    kv = make_cache(S, "bf16" if form.startswith("bf16") else "fp8_ds_mla", g, used, block_size=bs)  # NaN in unused slots
-    if form.startswith("bf16"):
+    bf16 = form.startswith("bf16")
+    kv = make_cache(S, "bf16" if bf16 else "fp8_ds_mla", g, used, block_size=bs)  # NaN in unused slots
+    if bf16:
         kv = kv.unsqueeze(2)  # FlashMLA's [num_blocks, block_size, 1, 576]
     elif "float8" in form:
         kv = kv.view(torch.float8_e4m3fn)  # FlashMLA's own dtype for the 656-byte rows
@@ -84,7 +86,7 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     assert none is None and isinstance(meta, flash_mla.FlashMLASchedMeta)
     to = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
     out, lse = flash_mla.flash_mla_with_kvcache(
-        to(q), to(kv), None, None, D_V, meta, is_fp8_kvcache=not form.startswith("bf16"), indices=to(idx.view(b, s_q, topk)),
+        to(q), to(kv), None, None, D_V, meta, is_fp8_kvcache=not bf16, indices=to(idx.view(b, s_q, topk)),
         attn_sink=to(sink), topk_length=to(topk_length))
     assert out.shape == (b, s_q, h_q, D_V) and lse.shape == (b, h_q, s_q)
 
@@ -92,7 +94,8 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     want_out, _, want_lse = brute_force(q.view(T, h_q, D_QK), flat(kv), idx, D_QK ** -0.5, sink, per_token)
     vmax = max_abs_v(flat(kv), idx, S)
     assert_close(out.reshape(T, h_q, D_V), lse.transpose(1, 2).reshape(T, h_q), want_out, want_lse, vmax)
-    assert (out.reshape(T, h_q, D_V)[T - 1] == 0).all() and (lse.transpose(1, 2).reshape(T, h_q)[T - 1] == float("inf")).all()
+    assert (out.reshape(T, h_q, D_V)[T - 1] == 0).all()
+    assert (lse.transpose(1, 2).reshape(T, h_q)[T - 1] == float("inf")).all()
     if sink is not None:
         assert (out[..., 0, :] == 0).all()
 
@@ -100,7 +103,7 @@ def test_flash_mla_with_kvcache_matches_flashmla_definition(b, s_q, h_q, topk, b
     # tensors of FlashMLA's older get_mla_metadata
     out2, _ = flash_mla.flash_mla_with_kvcache(to(q[:1]), to(kv), None, None, D_V, to(torch.zeros(132, 8).int()),
                                                to(torch.zeros(2).int()), softmax_scale=0.1,
-                                               is_fp8_kvcache=not form.startswith("bf16"), indices=to(idx.view(b, s_q, topk)[:1]))
+                                               is_fp8_kvcache=not bf16, indices=to(idx.view(b, s_q, topk)[:1]))
     want2, _, _ = brute_force(q[:1].reshape(s_q, h_q, D_QK), flat(kv), idx[:s_q], 0.1)
     torch.testing.assert_close(out2.reshape(s_q, h_q, D_V).float().cpu(), want2.float(), atol=OUT_ATOL_REL * vmax,
                                rtol=0)

@@ -150,7 +150,8 @@ def flash_mla_with_kvcache(
         topk_length = topk_length[:, None].expand(b, s_q).contiguous().view(b * s_q)  # one per token
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
-    out, _, lse = sparse_mla(q.reshape(b * s_q, h_q, d_qk), kv, indices, softmax_scale, head_dim_v, attn_sink=attn_sink, topk_length=topk_length, backend=backend)
+    out, _, lse = sparse_mla(q.reshape(b * s_q, h_q, d_qk), kv, indices, softmax_scale, head_dim_v,
+                             attn_sink=attn_sink, topk_length=topk_length, backend=backend)
     return out.reshape(b, s_q, h_q, out.shape[-1]), lse.reshape(b, s_q, h_q).transpose(1, 2)
 
 

@@ -828,8 +828,10 @@ def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_sme
 @gluon.jit
 def _q_tile_buffers(BH: gl.constexpr, sh: gl.constexpr):
     """The ping-pong and pair schedules' q (``[1, BH, ...]``) and two tile buffers, nope and rope parts."""
-    return (gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh), gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh),
-            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], sh), gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], sh))
+    return (gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh),
+            gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh),
+            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], sh),
+            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], sh))
 
 
 @gluon.jit
