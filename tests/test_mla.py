@@ -35,8 +35,7 @@ from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import (SM90_TWO_GROUPS_MAX_T, TARGET_CONFIGS, block_h_for, choose_num_splits,
                              sparse_mla_triton)
-from utils import (DEVICE, compiled_in_subprocess, gen, poison_, record_launches, skip_unless_gluon_triton,
-                   skip_unless_hopper)
+from utils import DEVICE, gen, poison_, record_launches, skip_unless_gluon_triton, skip_unless_hopper
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
@@ -966,152 +965,18 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,topk,splits,cluster", [
-    (3, 16, 300, None, None), (40, 16, 2048, 2, False), (5, 32, 1000, 3, False), (2, 32, 2048, None, None),
-    (7, 24, 129, 1, None), (4, 8, 640, None, None), (33, 40, 200, 1, None),
-    (1, 32, 64, 1, None),  # one tile: the second warpgroup owns none
-    (2, 32, 130, 1, None),  # three tiles, the last one a single row
-    (3, 32, 1000, 3, True),  # splits merged inside the kernel (clusters of 4, the 4th split empty)
-    (64, 32, 2048, None, None),  # decode-like: 2 splits, 16 tiles each
-])
-@pytest.mark.parametrize("kv_format,producer,pair", [
-    ("bf16", None, True), ("fp8_ds_mla", None, True), ("fp8_ds_mla", dict(regs=104, early=4, math_regs=152), True),
-    ("bf16", None, "pv"), ("fp8_ds_mla", None, "pv"),
-])
-def test_gpu_sm90_pair_kernel(T, H, topk, splits, cluster, kv_format, producer, pair, monkeypatch):
-    """The pair schedule of the small-head Gluon kernel (two math warpgroups on alternate tiles, one reference max
-    passed between them, each owning 256 output columns; each with its own producer warpgroup), in both orders of
-    the other warpgroup's P.V and the QK, against the reference and the Triton kernel: odd and even tile counts, one
-    tile, tails, invalid entries, empty rows, topk_length (one row's list empty), sink, splits (also merged in
-    clusters), NaN in unused slots, poisoned out; bitwise deterministic; the launch asked for it."""
-    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
-
-    config = dict(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32, pair=pair, producer=producer)
-    if cluster is not None:
-        config["cluster"] = cluster
-    case = dict(T=T, H=H, topk=topk, S=4096, splits=splits, with_len=True, with_sink=True,
-                empty_rows=(1, ) if T > 2 else ())
-    assert _check_sm90_case(case, kv_format, config, "pair", monkeypatch) == [pair, pair]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("pair", [True, "pv"])
-@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-def test_gpu_sm90_pair_trace(kv_format, pair, monkeypatch):
-    """The pair schedule's clock trace (``config trace=``, for ``benchmarks/ab_mla_pair.py --trace``): the traced call
-    writes the same outputs as the untraced one, bitwise, and each partition of each program its number of own
-    tiles (16 tiles per program: 8 each) and per-thread phase sums that are non-negative and add up to at most the
-    whole loop's clocks."""
-    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
-
-    _sm90_or_skip()
-    T, H, topk = 5, 32, 2048
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=7)
-    flat = ref_mod.flat_kv(kv)
-    config = dict(SM90_ROWS_SMALL_HEADS, block_h=32, pair=pair)
-    plain = sparse_mla_triton(q, flat, idx, sm, D_V, None, None, None, num_splits=2, config=config)
-    trace = torch.full((T * 2 * 4096 + 4096, ), -1, dtype=torch.int32, device=q.device)
-    traced = sparse_mla_triton(q, flat, idx, sm, D_V, None, None, None, num_splits=2, config=dict(config, trace=trace))
-    for a, b in zip(plain, traced):
-        assert torch.equal(a, b)
-    t = trace[:T * 2 * 4096].view(T * 2, 4, 8, 128).long()
-    assert (trace[T * 2 * 4096:] == -1).all()  # nothing written past the programs
-    for part, (n_phase, loop, count) in enumerate([(5, 5, 6), (5, 5, 6), (2, 2, 3), (2, 2, 3)]):
-        assert (t[:, part, count] == 8).all(), part
-        assert (t[:, part, :n_phase] >= 0).all(), part
-        assert (t[:, part, :n_phase].sum(1) <= t[:, part, loop]).all(), part
-
-
-_PAIR_COMPILE = r"""
-import ab_mla_pair as A
-
-for fmt in ("bf16", "fp8_ds_mla"):
-    for h in (16, 32):
-        for name, args in (("2 splits, len, sink", (2, False, True)), ("clusters of 4, len, sink", (4, True, True)),
-                           ("pv, 2 splits, len, sink", (2, False, True, "pv")),
-                           ("pv, traced, 2 splits", (2, False, False, "pv", True))):
-            if name.startswith("pv") and h == 16 or "traced" in name and fmt == "bf16":
-                continue
-            k = A.compile_only(fmt, h, *args)
-            sass = G.sass_text(k)
-            out[f"{fmt} h{h} {name}"] = dict(G.sass_counts(k, PRE), shared=k.metadata.shared,
-                                             pv_waits=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x2"),
-                                             clocks=sass.count("SR_CLOCKLO"))
-"""
-
-
-def test_sm90_pair_compiles():
-    """The pair schedule compiles for sm_90a (on any machine) in both formats, 16 and 32 heads, split and merged in
-    clusters, and in its P.V-first order (``pair="pv"``): it fits in shared memory, its four partitions set their
-    registers, the products are all there (per math warpgroup and tile QK 36 m64 wgmmas, P.V of its 256 columns 16
-    for its own tile and 16 for the other's; the default warpgroup's loop holds the first tile's QK twice, and each
-    has the last tile's P.V once more after its loop), at most a few values are spilled, only the P.V-first order
-    waits for the other's P.V with this QK's two groups still in flight (once per math warpgroup), and only the
-    traced variant reads the SM clock."""
-    c = compiled_in_subprocess(_PAIR_COMPILE, ("STL", "LDL", "HGMMA", "USETMAXREG"))
-    assert len(c) == 11
-    for name, counts in c.items():
-        assert (counts["clocks"] > 0) == ("traced" in name), (name, counts)
-        assert counts["pv_waits"] == (2 if " pv," in name else 0), (name, counts)
-        assert counts["shared"] <= 232448, (name, counts)  # the H200's opt-in maximum per block
-        assert counts["HGMMA.64"] == (36 + 36 + 16 + 16) + (36 + 16 + 16) + 2 * 16, (name, counts)
-        assert counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 4, (name, counts)
-        spills = sum(v for k, v in counts.items() if k.startswith(("STL", "LDL")))
-        assert spills <= (24 if "h32" in name else 12) + (16 if "traced" in name else 0), (name, counts)
-        # (in the untraced loops no spill stores and 0-2 reloads per tile, read by hand)
-
-
-def test_sm90_pair_refuses_64_heads():
-    """``pair=True`` / ``"pv"`` serve 16/32-head groups only: a 64-head group is refused before any launch, and so is
-    any other value of ``pair``."""
-    from dsa.mla import kernel_sm90
-
-    for pair in (True, "pv"):
-        with pytest.raises(ValueError, match="pair schedule serves 16/32-head groups"):
-            kernel_sm90.launch((1, 1), *([None] * 23), block_h=64, pair=pair)
-    with pytest.raises(ValueError, match="expected True, False or 'pv'"):
-        kernel_sm90.launch((1, 1), *([None] * 23), block_h=32, pair="qk")
-    nope = torch.zeros(8, 512, dtype=torch.bfloat16)
-    for pair, trace in ((False, torch.zeros(4096, dtype=torch.int32)), (True, torch.zeros(4096)),
-                        (True, torch.zeros(4095, dtype=torch.int32))):
-        with pytest.raises(ValueError, match="trace: the pair schedule only"):
-            kernel_sm90.launch((1, 1), None, nope, None, 0, nope[:, :64], *([None] * 18), block_h=32, pair=pair,
-                               trace=trace)
-
-
-def test_sm90_pair_default_table(monkeypatch):
-    """Without ``pair=``, :data:`kernel_sm90.PAIR` picks the schedule per cache format and head-group size, and its
-    order: the kernel is asked for ``PAIR`` 0 (not there), 1 (``True``) or 2 (``"pv"``)."""
-    from dsa.mla import kernel_sm90
-
-    asked = []
-    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel",
-                        type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **k: asked.append(k["PAIR"])})())
-    monkeypatch.setattr(kernel_sm90, "PAIR", {"bf16": {32: "pv", 16: True}, "fp8_ds_mla": {32: True}})
-    bf16 = torch.zeros(8, 576, dtype=torch.bfloat16)
-    fp8 = torch.zeros(8, 512, dtype=torch.uint8)
-    idx = torch.zeros(1, 64, dtype=torch.int32)
-    for nope, bh in ((bf16, 32), (bf16, 16), (fp8, 32), (fp8, 16), (bf16, 64)):
-        q = torch.zeros(1, bh, 576, dtype=torch.bfloat16)
-        kernel_sm90.launch((1, 1), q, nope[:, :512], None, 0, bf16[:, 512:], idx, *([None] * 8), 1, bh, 8, 64, 64,
-                           1.0, False, False, False, block_h=bh)
-    assert asked == [2, 1, 1, 0, 0]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
-@pytest.mark.parametrize("lazy,pair", [((), False), ((16, 32), False), ((), True), ((), "pv")])
-def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, pair, monkeypatch):
+@pytest.mark.parametrize("lazy", [(), (16, 32)])
+def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, monkeypatch):
     """The small-head Gluon kernel on logits that rise or fall along the index list, ``slope`` log2 units per entry:
     0.25 is 16 per 64-row tile, past ``LAZY_TAU`` (8) at every tile, so P is redone against the new max; 0.05 is 1-5
     per tile, under it, so P runs above 1 against the earlier tiles' max for a few tiles before a redo; -0.25 has
     the max in the first tile.
     Row 1 takes the list backwards, row 2 has invalid entries scattered through it. With P against the earlier
-    tiles' max (``LAZY_MAX``) for these head groups and without it, and in the pair schedule (whose two warpgroups
-    share that reference max; in its P.V-first order a warpgroup rescales for the other's tile only when that tile
-    moved it), whole and split, into poisoned outputs, NaN in unused slots, against the reference."""
+    tiles' max (``LAZY_MAX``) for these head groups and without it, whole and split, into poisoned outputs, NaN in
+    unused slots, against the reference."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
     kernel_sm90 = _sm90_or_skip()
@@ -1142,7 +1007,7 @@ def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, pair, monkeypatch):
     for ns in (None, 2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
         got = sparse_mla_triton(q, kv, idx, sm, D_V, None, None, out, num_splits=ns,
-                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H, pair=pair))
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H))
         assert got[0] is out
         assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
     assert calls == [H, H]
@@ -1282,7 +1147,7 @@ from dsa.mla import kernel_sm90
 fn = kernel_sm90._sparse_mla_sm90_kernel
 ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
             sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
-            flse_ptr="*fp32", trace_ptr="*i32")
+            flse_ptr="*fp32")
 fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
 fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
 prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
@@ -1291,8 +1156,7 @@ if fp8:
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,
-                  PAIR=0, TRACE=False)  # fp8: alternate tiles
+                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False)  # fp8: alternate tiles
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"

@@ -534,9 +534,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     persistent programs, one per SM, or one program per item (default: :data:`~dsa.mla.kernel_sm90.PERSIST` for
     h_q > 64); ``cluster=False`` keeps the merge kernel after its split-K, ``cluster=True`` merges inside it
     whenever the cluster size allows (:func:`cluster_size`); ``rows=True`` with a 16/32-head group takes it with the
-    gathered rows as the M dimension, and ``pair=True/"pv"/False`` there picks its pair schedule (``"pv"``: in its
-    P.V-first order) or not (default: :data:`~dsa.mla.kernel_sm90.PAIR`), and ``trace=`` an int32 tensor for its
-    clock trace (:func:`~dsa.mla.kernel_sm90.launch`); ``bulk=True/False`` takes :mod:`dsa.mla.kernel_bulk` wherever
+    gathered rows as the M dimension; ``bulk=True/False`` takes :mod:`dsa.mla.kernel_bulk` wherever
     it applies, or never; ``slice_heads=True/False`` runs more than 64 heads as two slices, the 64-head groups and
     the rest (:func:`_sliced_heads`), or not). Without ``config``, small head groups on sm_90 take that kernel where
     it is supported, and 1-16-head decode over the fp8 cache :mod:`dsa.mla.kernel_bulk` where
@@ -617,8 +615,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
                                    s_os, ml, ls, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split,
                                    block_h=bh, producer=cfg.get("producer"), pingpong=cfg.get("pingpong"),
                                    cluster=cluster, final=(out, out.stride(0), out.stride(1), max_logits, lse),
-                                   num_sms=_num_sms(dev), persist=cfg.get("persist"), pair=cfg.get("pair"),
-                                   trace=cfg.get("trace"))
+                                   num_sms=_num_sms(dev), persist=cfg.get("persist"))
             else:
                 _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
                                              T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)

@@ -38,17 +38,6 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
   ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
   heads, where the producers' fill sets the time per tile).
-* 16/32-head groups in the pair schedule (``PAIR``, :func:`_math_pair`; ``config pair=True``, not the default):
-  two math warpgroups on alternate tiles, each tile filled by its own producer warpgroup (the fp8 ones dequantise),
-  so that one warpgroup's softmax runs while the other's products do. Each owns its tiles' QK, softmax and P, and
-  256 of the 512 output columns of every tile (P.V of its own tile, and of the other's with the P that one
-  publishes); one reference max as ``LAZY``, its changes passed with P. ``config pair="pv"`` issues the other's P.V
-  before each QK rather than behind it, so the other's buffer is released, and refilled, while the QK runs. Why: the
-  one math warpgroup of :func:`_math_rows` runs QK, softmax and P.V of each tile as one dependency chain (32 heads
-  over fp8: about 4,400 clocks per tile, of which the products at their measured wgmma rates take about 1,750), and
-  FA3's overlap of one tile's softmax with the next tile's QK inside one warpgroup needs a third tile buffer, which
-  does not fit. Built and compiled for sm_90a (no spill stores in its loops, two reloads per tile in each fp8
-  producer); not yet run on a GPU (BENCHMARKS.md, thirty-eighth and thirty-ninth sessions).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
@@ -157,7 +146,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .epilogue import merge_weights, row_stats
-from .kernel_bulk import _clock
 
 BLOCK_H = 64
 BLOCK_N = 64
@@ -194,16 +182,6 @@ PRODUCER_PP = dict(regs=56, math_regs=208)
 #: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
 #: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
-#: the head-group sizes that take the pair schedule (:func:`_math_pair`) by default and in which order (``True``, or
-#: ``"pv"`` for the P.V-first one), per cache format: ``{"bf16" or "fp8_ds_mla": {block_h: order}}``. None until it
-#: is measured (BENCHMARKS.md, thirty-eighth and thirty-ninth sessions)
-PAIR = {}
-#: the pair schedule's registers per cache format (keyed by "fp8_ds_mla"): each producer warpgroup's and the worker
-#: math warpgroup's (the default one gets the rest of 512). sm_90a compile, 32 heads: no spill stores in any loop at
-#: these, two reloads per tile in each fp8 producer; fp8 with ``early`` 4 spilled in the producers at 104 registers
-#: and in the math warpgroups at 136; the default math warpgroup reloaded 3 values per tile with 96 / 160
-PRODUCER_PAIR = {False: dict(regs=80, early=0, warps=8, math_regs=160), True: dict(regs=88, early=2, warps=8,
-                                                                                   math_regs=160)}
 
 
 @gluon.jit
@@ -359,17 +337,14 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
 @gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
               stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1,
-              trace_ptr=None, TRACE: gl.constexpr = False):
+              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
     buffer, the rope part by ``cp.async``), make it visible to wgmma and signal ``full``. Invalid entries
     are zero-filled and masked by the math warps: NaN in unused slots cannot leak. ``PW`` warps fill each tile;
     with ``STEP`` 2 this warpgroup fills only the tiles ``PAR, PAR + 2, ...`` (always buffer ``PAR``) and another
-    one the others, so one loads while the other dequantises. ``TRACE`` (the pair schedule, 4 warps; benchmarks):
-    each thread's SM clocks summed over its tiles (:func:`_trace_store`, part ``2 + PAR``, slots 0-3): waiting for
-    the free buffer, from free to ``full``, the whole loop, and the number of its tiles."""
+    one the others, so one loads while the other dequantises."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -394,10 +369,6 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     else:
         row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
     valid, rows = _tile_rows(idx_row, start + PAR * BN, stop, S, BN, row_l)
-    if TRACE:
-        t_wait = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
-        t_fill = t_wait
-        c_loop = _clock(4)
     for i in range(PAR, n_tiles, STEP):
         s = i % 2
         if IS_FP8:  # EARLY (2 or 4) of the four raw groups loaded before the wait, the rest while storing
@@ -413,12 +384,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
                 r3 = gl.load(base + 3 * 128, mask=m, other=0.0)
                 s2 = gl.load(sb + 2, mask=valid, other=0.0)
                 s3 = gl.load(sb + 3, mask=valid, other=0.0)
-        if TRACE:
-            c0 = _clock(4)
         mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)
-        if TRACE:
-            c1 = _clock(4)
-            t_wait += c1 - c0
         if IS_FP8:
             valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
             rows_r = gl.convert_layout(rows, gl.SliceLayout(1, cp_l))
@@ -446,12 +412,8 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         fence_async_shared()
         gl.thread_barrier()  # every producer thread's part is in (the producer warps only)
         mbarrier.arrive(full.index(s))
-        if TRACE:
-            t_fill += _clock(4) - c1
         if LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)
-    if TRACE:
-        _trace_store(trace_ptr, 2 + PAR, (t_wait, t_fill, _clock(4) - c_loop), (n_tiles - PAR + 1) // 2)
     if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
         _cluster_barrier(PW, False)
 
@@ -519,42 +481,6 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
 
 
 @gluon.jit
-def _lazy_tile_max(m_smem, BH: gl.constexpr, head_s: gl.constexpr):
-    """``LAZY``: the tile's max of each head, from the four warps' maxima in ``m_smem`` ``[4, BH]`` (read after the
-    barrier that follows their store)."""
-    m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    return gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
-                      gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
-
-
-@gluon.jit
-def _lazy_grows(m_t, m_i):
-    """``LAZY``: whether some head's tile max ``m_t`` exceeds the reference ``m_i`` by more than ``LAZY_TAU`` (always
-    at the first tile with a valid entry, where the reference is ``-inf``)."""
-    return gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
-
-
-@gluon.jit
-def _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout: gl.constexpr):
-    """``LAZY``, when :func:`_lazy_grows`: P of the scaled logits ``sc`` ``[rows, heads]``, the per-row sums and the
-    accumulator ``O^T`` against the new reference max. Returns ``(p, alpha, l_2d, acc, m_new)``."""
-    m_new = gl.maximum(m_i, m_t)
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(sc - gl.expand_dims(m_use, 0))
-    l_2d = l_2d * gl.expand_dims(alpha, 0) + p
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
-    return p, alpha, l_2d, acc, m_new
-
-
-@gluon.jit
-def _rows_qk(q_nope_smem, q_rope_smem, kn, kr, s_zero):
-    """Issue (async) ``S^T = K q^T`` of one tile, the rows as M: the rope part, then the values."""
-    sc = warpgroup_mma(kr, q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
-
-
-@gluon.jit
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -591,7 +517,8 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
-        sc = _rows_qk(q_nope_smem, q_rope_smem, kn, k_rope_smem.index(s), s_zero)
+        sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
         if LAZY:
@@ -602,10 +529,18 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            m_t = _lazy_tile_max(m_smem, BH, head_s)
+            m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+            m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
+                             gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
             m_top = gl.maximum(m_top, m_t)
-            if _lazy_grows(m_t, m_i):
-                p, alpha, l_2d, acc, m_new = _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout)
+            grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
+            if grow:
+                m_new = gl.maximum(m_i, m_t)
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(sc - gl.expand_dims(m_use, 0))
+                l_2d = l_2d * gl.expand_dims(alpha, 0) + p
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
                 p_smem.store(p.to(gl.bfloat16))
                 fence_async_shared()
                 gl.thread_barrier()
@@ -629,211 +564,9 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
               sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top if LAZY else None)
 
 
-@gluon.jit
-def _trace_store(trace_ptr, part: gl.constexpr, sums, n_own):
-    """``TRACE``: this partition's (``part``: 0/1 the math warpgroups, 2/3 the producers) per-thread clock sums
-    ``sums`` (int32 ``[128]`` each, at most 7), then its number of own tiles ``n_own``, to ``trace_ptr``
-    ``[programs, 4, 8, 128]``."""
-    pid = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    row = trace_ptr + (pid.to(gl.int64) * 4 + part) * (8 * 128) + gl.arange(0, 128, lay)
-    for k in gl.static_range(len(sums)):
-        gl.store(row + k * 128, sums[k])
-    gl.store(row + len(sums) * 128, gl.full([128], n_own, gl.int32, lay))
-
-
-@gluon.jit
-def _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j, WG: gl.constexpr, BH: gl.constexpr, z,
-                s_layout: gl.constexpr, o_layout: gl.constexpr, SKIP_ONES: gl.constexpr):
-    """:func:`_math_pair`: the other warpgroup's tile ``j``: wait for its P and the reference max after it, rescale
-    this warpgroup's accumulator and sums by the tile's ``alpha`` (``SKIP_ONES``: only when some head's is not 1; for
-    callers with no wgmma in flight) and issue P.V on this warpgroup's 256 columns (async; returns the accumulator in
-    flight, the sums and the reference max)."""
-    head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    b: gl.constexpr = 1 - WG
-    mbarrier.wait(pready.index(b), (j // 2) & 1)
-    alpha = x_smem.slice((2 * b) * BH, BH).load(head_s)
-    m_i = x_smem.slice((2 * b + 1) * BH, BH).load(head_s)
-    if SKIP_ONES:  # only when some alpha is below 1 (else all are exactly 1: the common case, no multiplies)
-        if gl.min(alpha, axis=0) < 1.0:
-            l_2d = l_2d * gl.expand_dims(alpha, 0)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
-    else:  # (a branch here, with this warpgroup's QK in flight, makes ptxas wait for every wgmma: sm_90a compile)
-        l_2d = l_2d * gl.expand_dims(alpha, 0)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
-    kn = k_nope_smem.index(b + z)
-    acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_smem.index(b + z), acc, is_async=True)
-    return acc, l_2d, m_i
-
-
-@gluon.jit
-def _math_pair(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, m_smem, x_smem, e_smem, full, empty, pready,
-               xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr,
-               WG: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr,
-               PV_FIRST: gl.constexpr, trace_ptr, TRACE: gl.constexpr):
-    """One of the two math warpgroups of a 16/32-head group in the pair schedule (``PAIR``; WG 0: the default
-    partition, WG 1: a worker), the rows as M as in :func:`_math_rows`. Warpgroup ``WG`` owns the tiles ``WG, WG + 2,
-    ...`` (buffer ``WG``, filled by its own producer warpgroup): their QK ``S^T [64 rows, BH]``, the online softmax
-    and P (``p_smem`` index ``WG``); and output columns ``[256 WG, 256 WG + 256)`` of every tile: P.V of its own tile
-    with its own P, of the other one's with the P the other published. So one warpgroup's softmax runs while the
-    other's products do.
-
-    One reference max for both, as ``LAZY`` in :func:`_math_rows`: P is taken against the reference after the
-    previous tile; the owner of a tile whose max exceeds it by more than ``LAZY_TAU`` (or the first valid tile) redoes
-    P against the new max and publishes the tile's ``alpha`` (else 1) and the reference after it (``x_smem``, by tile
-    parity), with P (``pready``); the other warpgroup rescales its accumulator and sums by ``alpha`` before its P.V of
-    that tile. Each tile buffer is released (``empty``, two arrivals) once both warpgroups' products on it are done.
-    Per own tile: the other's previous tile's P.V is issued behind this tile's QK, both waited together (or, with
-    ``PV_FIRST``, before it, as soon as the other's P is published, and that buffer released while the QK runs); then
-    the softmax, the P.V of the own tile, and its release.
-
-    ``TRACE`` (benchmarks): each thread's SM clocks summed over its own tiles, per phase (:func:`_trace_store`, slots
-    0-6): the other's tile (waiting for its P, rescaling, issuing its P.V), waiting for the own buffer, the products
-    from the last issue to their wait, the softmax up to publishing P, the own P.V up to the release, the whole loop,
-    and the number of own tiles."""
-    BN: gl.constexpr = 64
-    DV: gl.constexpr = 512
-    DR: gl.constexpr = 64
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
-    head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    if WG == 0:
-        cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        _load_q(q_nope_smem.index(0), q_rope_smem.index(0), q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, DV, DR,
-                cp_l)
-        fence_async_shared()
-        _signal(xbar.index(0))  # q is in
-    mbarrier.wait(xbar.index(0), 0)
-
-    m_i = gl.full([BH], float("-inf"), gl.float32, head_s)  # the reference max
-    # the true running max of the own tiles, kept in shared memory (registers are short)
-    m_top_smem = e_smem.slice((2 * WG + 1) * BH, BH)
-    m_top_smem.store(gl.full([BH], float("-inf"), gl.float32, head_s))
-    l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums of the own tiles
-    acc = gl.zeros([256, BH], gl.float32, o_layout)  # O^T, this warpgroup's 256 columns
-    s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
-    if TRACE:
-        t_other = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
-        t_full, t_prod, t_soft, t_own = t_other, t_other, t_other, t_other
-        c_loop = _clock(4)
-    for k in range((n_tiles - WG + 1) // 2):
-        j = WG + 2 * k
-        # (z is 0: the buffers' addresses are formed in the loop, as in _math_pp)
-        z = k // (n_tiles + 1)
-        kn = k_nope_smem.index(WG + z)
-        valid_s, _ = _tile_rows(idx_row, start + j * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
-        if TRACE:
-            c0 = _clock(4)
-            c1 = c0
-            c2 = c0
-        if j > 0:  # the other warpgroup's previous tile too
-            if PV_FIRST:  # its P.V first, this QK behind it; its buffer is released while this QK runs
-                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j - 1, WG, BH, z,
-                                             s_layout, o_layout, True)
-                if TRACE:
-                    c1 = _clock(4)
-                mbarrier.wait(full.index(WG), k & 1)
-                if TRACE:
-                    c2 = _clock(4)
-                sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
-                acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))  # (QK: the two groups behind it)
-                _signal(empty.index(1 - WG))
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-            else:  # this QK first, its P.V behind it
-                mbarrier.wait(full.index(WG), k & 1)
-                if TRACE:
-                    c1 = _clock(4)
-                sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
-                acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, j - 1, WG, BH,
-                                             z, s_layout, o_layout, False)
-                if TRACE:
-                    c2 = _clock(4)
-                acc, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sc))
-                _signal(empty.index(1 - WG))
-        else:
-            mbarrier.wait(full.index(WG), k & 1)
-            if TRACE:  # (no other tile: its phase takes 0)
-                if PV_FIRST:
-                    c2 = _clock(4)
-                else:
-                    c1 = _clock(4)
-                    c2 = c1
-            sc = _rows_qk(q_nope_smem.index(z), q_rope_smem.index(z), kn, k_rope_smem.index(WG + z), s_zero)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-        if TRACE:
-            c3 = _clock(4)
-            if PV_FIRST:  # c0 -> c1 the other's tile, c1 -> c2 waiting for the own buffer
-                t_other += c1 - c0
-                t_full += c2 - c1
-            else:  # c0 -> c1 waiting for the own buffer, c1 -> c2 the QK's issue and the other's tile
-                t_full += c1 - c0
-                t_other += c2 - c1
-            t_prod += c3 - c2
-
-        sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
-        m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
-        ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
-        p = gl.exp2(sc - gl.expand_dims(ref, 0))
-        p_own = p_smem.index(WG + z)
-        p_own.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        m_t = _lazy_tile_max(m_smem, BH, head_s)
-        m_top_smem.store(gl.maximum(m_top_smem.load(head_s), m_t))  # (every thread its own values: no race)
-        alpha = gl.full([BH], 1.0, gl.float32, head_s)
-        if _lazy_grows(m_t, m_i):
-            p, alpha, l_2d, acc, m_new = _lazy_redo(sc, m_i, m_t, l_2d, acc, o_layout)
-            p_own.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            m_i = m_new
-        else:
-            l_2d = l_2d + p
-        x_smem.slice((2 * WG) * BH, BH).store(alpha)
-        x_smem.slice((2 * WG + 1) * BH, BH).store(m_i)
-        _signal(pready.index(WG))
-        if TRACE:
-            c4 = _clock(4)
-            t_soft += c4 - c3
-        acc = warpgroup_mma(kn.slice(256 * WG, 256, dim=1).permute((1, 0)), p_own, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _signal(empty.index(WG))
-        if TRACE:
-            t_own += _clock(4) - c4
-    if TRACE:
-        _trace_store(trace_ptr, WG, (t_other, t_full, t_prod, t_soft, t_own, _clock(4) - c_loop),
-                     (n_tiles - WG + 1) // 2)
-    if n_tiles > 0:
-        if (n_tiles - 1) % 2 != WG:  # the other warpgroup's last tile comes after this one's last
-            acc, l_2d, m_i = _pair_other(k_nope_smem, p_smem, x_smem, pready, acc, l_2d, n_tiles - 1, WG, BH, 0,
-                                         s_layout, o_layout, True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-
-    # both sums are relative to the same final reference: add them, and the true maxima, through shared memory
-    e_smem.slice((2 * WG) * BH, BH).store(gl.sum(l_2d, 0))
-    _signal(xbar.index(1 + WG))
-    mbarrier.wait(xbar.index(2 - WG), 0)
-    l_tot = gl.sum(l_2d, 0) + e_smem.slice((2 - 2 * WG) * BH, BH).load(head_s)
-    m_top = gl.maximum(m_top_smem.load(head_s), e_smem.slice((3 - 2 * WG) * BH, BH).load(head_s))
-    _epilogue(acc, l_tot, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T,
-              h_q, BH, 256 * WG, 1, o_layout, HAS_SINK, SPLIT, WG == 0, m_top)
-    if CLUSTER > 1:
-        if WG == 1:  # the worker's part of the cluster barrier (after its partial stores)
-            _cluster_barrier(4, False)
-
-
 # ------------------------------------------------------------------------------------------------------
 # 64-head groups, ping-pong: the two math warpgroups own alternate tiles (pairs of tiles per step)
 # ------------------------------------------------------------------------------------------------------
-@gluon.jit
-def _q_tile_buffers(BH: gl.constexpr, sh: gl.constexpr):
-    """The ping-pong and pair schedules' q (``[1, BH, ...]``) and two tile buffers, nope and rope parts."""
-    return (gl.allocate_shared_memory(gl.bfloat16, [1, BH, 512], sh),
-            gl.allocate_shared_memory(gl.bfloat16, [1, BH, 64], sh),
-            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], sh),
-            gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], sh))
-
-
 @gluon.jit
 def _pp_copy_bf16(kn, kr, nope_ptr, stride_nope, rope_ptr, stride_rope, valid, rows, HALF: gl.constexpr,
                   cp_l: gl.constexpr):
@@ -1188,13 +921,12 @@ def _sparse_mla_sm90_kernel(
     out_ptr, stride_ot, stride_oh, stride_os,
     ml_ptr, lse_ptr,
     fout_ptr, stride_fot, stride_foh, fml_ptr, flse_ptr,  # CLUSTER: the merged results (else unused)
-    trace_ptr,  # TRACE: [programs, 4, 8, 128] int32 clock sums (else unused)
     T, h_q, S, topk, split_len,
     sm_scale_log2,
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, PAIR: gl.constexpr = 0, TRACE: gl.constexpr = False,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -1203,8 +935,6 @@ def _sparse_mla_sm90_kernel(
     * ``PINGPONG`` (64 heads, bf16 cache; launched with 4 warps): two math warpgroups owning alternate tiles
       (:func:`_math_pp`; the worker one with ``MATH_REGS`` registers), :func:`_producer_pp`, each buffer released
       in halves.
-    * ``PAIR`` (16 or 32 heads; 4 warps; 1, or 2 for ``PV_FIRST``): two math warpgroups on alternate tiles, each
-      with its own producer warpgroup (:func:`_math_pair`, :func:`_producer` on alternate tiles).
     * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
       (4 warps): one, the rows as M (:func:`_math_rows`); :func:`_producer` (``EARLY`` fp8 groups loaded before a
       buffer is free), two mbarriers per buffer (full, empty)."""
@@ -1216,7 +946,10 @@ def _sparse_mla_sm90_kernel(
     idx_row = idx_ptr + t64 * stride_it
     if PINGPONG:
         vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem = _q_tile_buffers(BH, sh)
+        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DV], sh)
+        q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], sh)
+        k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)
+        k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
         p1_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
         m_smem = gl.allocate_shared_memory(gl.float32, [BH], vec)
         l_smem = gl.allocate_shared_memory(gl.float32, [2 * BH], vec)
@@ -1259,43 +992,6 @@ def _sparse_mla_sm90_kernel(
                 (_producer_pp, (k_nope_smem, k_rope_smem, ready, free, nope_ptr, stride_nope, rope_ptr, stride_rope,
                                 idx_row, start, n_pairs, stop, S, 0, PRODUCER_WARPS, CLUSTER)),
             ], [4, PRODUCER_WARPS], [MATH_REGS, PRODUCER_REGS])
-    elif PAIR:  # 16/32 heads: two math warpgroups on alternate tiles, each with its own producer warpgroup
-        q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem = _q_tile_buffers(BH, sh)
-        vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        m_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        pp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BH],
-                                            gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
-        m0_smem = gl.allocate_shared_memory(gl.float32, [4, BH], m_l)
-        m1_smem = gl.allocate_shared_memory(gl.float32, [4, BH], m_l)
-        x_smem = gl.allocate_shared_memory(gl.float32, [4 * BH], vec)
-        e_smem = gl.allocate_shared_memory(gl.float32, [4 * BH], vec)
-        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        pempty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(2):
-            mbarrier.init(pfull.index(j), count=1)
-            mbarrier.init(pempty.index(j), count=2)
-            mbarrier.init(pready.index(j), count=1)
-        for j in gl.static_range(3):
-            mbarrier.init(xbar.index(j), count=1)
-        start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
-        gl.warp_specialize([
-            (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m0_smem, x_smem, e_smem,
-                          pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
-                          stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 0, HAS_SINK, SPLIT, CLUSTER, PAIR == 2, trace_ptr, TRACE)),
-            (_math_pair, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, pp_smem, m1_smem, x_smem, e_smem,
-                          pfull, pempty, pready, xbar, q_ptr, stride_qt, stride_qh, idx_row, sink_ptr, out_ptr,
-                          stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg, sid, T, h_q, S, start, stop,
-                          n_tiles, sm_scale_log2, BH, 1, HAS_SINK, SPLIT, CLUSTER, PAIR == 2, trace_ptr, TRACE)),
-            (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2,
-                         trace_ptr, TRACE)),
-            (_producer, (k_nope_smem, k_rope_smem, pfull, pempty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                         rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2,
-                         trace_ptr, TRACE)),
-        ], [4, 4, 4], [MATH_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DV], sh)
         q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], sh)
@@ -1419,18 +1115,14 @@ def max_active_clusters(n: int, device_index: int = 0) -> int | None:
     return int(count.value) if rc == 0 else None
 
 
-def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None,
-                    pair: bool = False) -> dict:
+def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
     """The producer settings a launch uses: ``warps``, ``regs``, ``early`` (fp8 groups loaded before a buffer is
-    free), ``math_regs`` (the worker math warpgroup of the ping-pong and pair schedules) and ``alt`` (tiles per
-    program from which two producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP`
-    for the ping-pong schedule, :data:`PRODUCER_PAIR` for the pair schedule (``pair``; its ``warps`` is always 8: one
-    producer warpgroup per math warpgroup), :data:`PRODUCER_ROWS_FP8` for other 16/32-head groups over the fp8 cache,
-    else :data:`PRODUCER`; then ``producer``'s entries over them (benchmarks)."""
+    free), ``math_regs`` (the ping-pong's worker math warpgroup) and ``alt`` (tiles per program from which two
+    producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP` for the ping-pong
+    schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, else :data:`PRODUCER`; then
+    ``producer``'s entries over them (benchmarks)."""
     if pingpong:
         base = PRODUCER_PP
-    elif pair:
-        base = PRODUCER_PAIR[is_fp8]
     elif is_fp8 and block_h < BLOCK_H:
         base = PRODUCER_ROWS_FP8
     else:
@@ -1447,7 +1139,7 @@ def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, pair=None, trace=None):
+           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
     :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
@@ -1456,14 +1148,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
     :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
-    instead. ``pair`` (16/32-head groups; ``None``: :data:`PAIR`) picks the pair schedule (:func:`_math_pair`): ``True``
-    with the other warpgroup's P.V issued behind each QK, ``"pv"`` before it (``PV_FIRST``). ``trace`` (the pair
-    schedule only; benchmarks): an int32 tensor ``[programs, 4, 8, 128]`` that receives each partition's clock sums
-    per phase (``TRACE``, :func:`_math_pair`, :func:`_producer`)."""
-    if pair not in (None, False, True, "pv"):
-        raise ValueError(f"config pair={pair!r}: expected True, False or 'pv'")
-    if pair and block_h >= BLOCK_H:
-        raise ValueError(f"config pair={pair!r}: the pair schedule serves 16/32-head groups only")
+    instead."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -1477,13 +1162,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     else:
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
-    if pair is None:
-        pair = PAIR.get("fp8_ds_mla" if is_fp8 else "bf16", {}).get(block_h, False)
-    prod = producer_config(is_fp8, block_h, pp, producer, bool(pair))
-    pair = 2 if pair == "pv" else int(bool(pair))
-    programs = grid[0] * grid[1] * max(cluster, 1)
-    if trace is not None and (not pair or trace.dtype != torch.int32 or trace.numel() < programs * 4 * 8 * 128):
-        raise ValueError("trace: the pair schedule only, into an int32 tensor of [programs, 4, 8, 128]")
+    prod = producer_config(is_fp8, block_h, pp, producer)
     if persist is None:
         persist = PERSIST and h_q > BLOCK_H
     persist = (persist and pp and not split and cluster == 0 and num_sms > 0
@@ -1492,11 +1171,10 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         grid = (min(grid[0], num_sms), 1)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
-        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final,
-        trace if trace is not None else lse, T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len,
-        HAS_SINK=has_sink, SPLIT=split, BH=block_h, PINGPONG=pp, PRODUCER_WARPS=prod["warps"],
-        PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=prod["math_regs"], CLUSTER=cluster,
-        ALT=alternate_tiles(prod, block_h, split_len), LAZY=block_h in LAZY_MAX, PERSIST=persist, PAIR=pair,
-        TRACE=trace is not None, num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
+        split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
+        PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
