@@ -42,7 +42,24 @@ def pytest_runtest_call(item):
             faulthandler.cancel_dump_traceback_later()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--per-function", type=int, default=0, metavar="N",
+                     help="run only the first N cases of each test function (0: all), e.g. for a pass under "
+                          "compute-sanitizer (benchmarks/run_sanitizer.sh), where every kernel runs 10-100x slower")
+
+
 def pytest_collection_modifyitems(config, items):
+    per_function = config.getoption("--per-function")
+    if per_function > 0:
+        seen: dict[str, int] = {}
+        keep, drop = [], []
+        for item in items:
+            key = item.nodeid.split("[", 1)[0]
+            seen[key] = seen.get(key, 0) + 1
+            (keep if seen[key] <= per_function else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     if ON_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (larger shapes)")
