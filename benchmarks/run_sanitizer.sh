@@ -8,13 +8,16 @@
 # tensor's end lands outside any allocation, where memcheck sees it, and initcheck sees each tensor as new.
 #
 # What the tools report here (BENCHMARKS.md, forty-second session):
-# * racecheck flags Triton's own start of every warp-specialised region (the worker warps' read of their partition
-#   byte after `bar.sync 1`, at the kernel's offset 0x100) and the ping-pong schedule's hand-offs between its math
-#   warpgroups (a warpgroup's stores, its named barrier, one mbarrier arrival, the other warpgroup's wait), which
-#   PTX's memory model orders: it does not follow these kernels' synchronisation. `benchmarks/racecheck_handoff.py`
-#   is that hand-off alone, to run under the tool.
+# * memcheck and synccheck: nothing.
 # * initcheck flags the top-k's whole-tile load of its scratch buffer (`_compact`): the entries past the count
-#   were never written and are masked out of the keys (`_tile_keys`), by design.
+#   were never written and are masked out of the keys (`_tile_keys`), by design. The top-k is left out of it.
+# * racecheck flags Triton's own start of every warp-specialised region (the worker warps' read of their partition
+#   byte after `bar.sync 1`, at the kernel's offset 0x100; `python3 benchmarks/racecheck_handoff.py none` under the
+#   tool shows it on a small kernel), and hand-offs in the 64-head ping-pong (`_math_pp`) not yet explained: the
+#   same hand-off done once (`racecheck_handoff.py one`) draws no report; `racecheck_handoff.py loop` is the next
+#   check.
+# * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
+#   is a cudaMalloc, which the capture forbids.
 #
 # One file per job in $OUT (or ./out): the tool's report and pytest's, interleaved; the last lines printed are the
 # summaries.
@@ -31,6 +34,7 @@ KERNEL_TESTS="tests/test_mla.py tests/test_mla_bulk.py tests/test_compat.py test
   tests/test_mla_cache.py tests/test_indexer_cache.py tests/test_indexer_prep.py tests/test_metadata.py
   tests/test_mla_order.py tests/test_engine.py"
 GLUON="gpu_sm90 or gpu_bulk"
+NOGRAPH="not cuda_graph"
 
 # one tool over one set of tests: sanitize TOOL NAME WORKERS PYTEST_ARGS...
 sanitize() {
@@ -45,13 +49,18 @@ TOOLS=${*:-memcheck synccheck initcheck racecheck}
 for tool in $TOOLS; do
   case $tool in
     memcheck)
-      sanitize memcheck memcheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "$GLUON" --per-function 3 &
-      sanitize memcheck memcheck_rest 3 $KERNEL_TESTS --per-function "$PF" -k "not ($GLUON)" & ;;
-    synccheck) sanitize synccheck synccheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py -k "$GLUON" \
-      --per-function "$PF" & ;;
-    initcheck) sanitize initcheck initcheck 3 $KERNEL_TESTS --per-function "$PF" -k "not test_topk" & ;;
-    racecheck) sanitize racecheck racecheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py -k "$GLUON" \
-      --per-function "$PF" & ;;
+      sanitize memcheck memcheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
+        --per-function 3 &
+      sanitize memcheck memcheck_rest 3 $KERNEL_TESTS --per-function "$PF" -k "not ($GLUON) and $NOGRAPH" & ;;
+    synccheck) sanitize synccheck synccheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py \
+      -k "($GLUON) and $NOGRAPH" --per-function "$PF" & ;;
+    initcheck) sanitize initcheck initcheck 3 $KERNEL_TESTS --per-function "$PF" -k "not test_topk and $NOGRAPH" & ;;
+    racecheck)
+      (for m in one loop none; do
+        timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
+      done > "$OUT/racecheck_handoff.txt" 2>&1) &
+      sanitize racecheck racecheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
+        --per-function "$PF" & ;;
   esac
 done
 wait
