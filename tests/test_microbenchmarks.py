@@ -98,3 +98,26 @@ def test_whatif_variants_still_apply():
     for name in ("noconv", "noexp", "both", "noqkload", "qkmin"):
         mod = whatif_bulk.variant(name)
         assert mod.sparse_mla_bulk is not None and mod.__name__ == f"dsa.mla._whatif_{name}"
+
+
+_HANDOFF = r"""
+import racecheck_handoff as R
+
+for mode in (0, 1):
+    k = G.compile_sm90(R._handoff_kernel, dict(MODE=mode), {"out_ptr": "*fp32"}, 4)
+    out[f"handoff {mode}"] = G.sass_counts(k, PRE)
+out["loop"] = G.sass_counts(G.compile_sm90(R._loop_kernel, {}, {"out_ptr": "*fp32"}, 4), PRE)
+"""
+
+
+def test_racecheck_handoff_compiles_for_sm90():
+    """``benchmarks/racecheck_handoff.py`` (what racecheck makes of the partitions' hand-off; BENCHMARKS.md,
+    forty-second session): each form compiles for sm_90a, and the hand-off is there: ``one`` and ``loop`` arrive on
+    and wait for mbarriers, ``none`` does neither."""
+    c = compiled_in_subprocess(_HANDOFF, ("SYNCS", "BAR", "LDS", "STS"))
+    one, none, loop = c["handoff 0"], c["handoff 1"], c["loop"]
+    arrive = [k for k in one if k.startswith("SYNCS.ARRIVE")]
+    wait = [k for k in one if k.startswith("SYNCS.PHASECHK")]
+    assert arrive and wait, one
+    assert not any(k.startswith(("SYNCS.ARRIVE", "SYNCS.PHASECHK")) for k in none), none
+    assert any(k.startswith("SYNCS.ARRIVE") for k in loop) and any(k.startswith("SYNCS.PHASECHK") for k in loop), loop
