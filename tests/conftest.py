@@ -48,6 +48,7 @@ def pytest_addoption(parser):
                           "compute-sanitizer (benchmarks/run_sanitizer.sh), where every kernel runs 10-100x slower")
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m: the first N of each function's selected cases
 def pytest_collection_modifyitems(config, items):
     per_function = config.getoption("--per-function")
     if per_function > 0:

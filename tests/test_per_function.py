@@ -27,3 +27,17 @@ def test_per_function_keeps_the_first_cases_of_each_function_in_order():
         assert _collected("--per-function", str(n)) == want
         assert len(want) < len(every)  # the file has parametrized functions: some cases were dropped
     assert _collected("--per-function", "0") == every
+
+
+def test_per_function_counts_the_cases_that_k_selected():
+    """``-k`` first, then the first N of what it left: a function whose first cases ``-k`` drops keeps later ones."""
+    every = _collected()
+    picked = [node for node in every if "True" in node]
+    assert picked and picked[0] != every[0]
+    first, seen = [], set()
+    for node in picked:
+        key = node.split("[", 1)[0]
+        if key not in seen:
+            seen.add(key)
+            first.append(node)
+    assert _collected("-k", "True", "--per-function", "1") == first
