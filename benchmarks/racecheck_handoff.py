@@ -7,8 +7,8 @@ before every read. Variants:
 
 * ``one``: as the kernels do (one arrival after the partition's barrier; the mbarrier's count 1);
 * ``loop``: the ping-pong's running max (``kernel_sm90._math_pp``): one slot written and read by both partitions in
-  turn, ``ROUNDS`` rounds (the default partition writes, arrives on ``a``; the worker waits, reads, writes its own
-  value, arrives on ``b``; the default waits and reads), the mbarriers' phases alternating;
+  turn, ``ROUNDS`` rounds (the default partition writes and arrives on mbarrier 0; the worker waits on it, reads,
+  writes its own value and arrives on mbarrier 1; the default waits on that and reads), the phases alternating;
 * ``none``: no hand-off at all (the default partition reads what the parent region stored before the
   warp-specialised region began): Triton's own start of the region alone.
 
@@ -39,7 +39,7 @@ def _loop_default(buf, bar, out_ptr):
         gl.thread_barrier()
         mbarrier.arrive(bar.index(0))
         mbarrier.wait(bar.index(1), r & 1)
-        acc += gl.convert_layout(buf.load(gl.BlockedLayout([1], [32], [4], [0])), layout)
+        acc += buf.load(layout)
     gl.store(out_ptr + i, acc)
 
 
@@ -70,7 +70,8 @@ def _reader(buf, bar, out_ptr, MODE: gl.constexpr):
     if MODE == 0:
         mbarrier.wait(bar, 0)
     i = gl.arange(0, N, layout)
-    # each thread reads the value another thread stored: element i + 1 (a reversed view would do as well)
+    # thread i reads element i, which thread i of the other partition (another warp) stored, and stores it one place
+    # down (out[i - 1]): the check in main() sees that each value came from the other partition and where it landed
     vals = buf.load(layout)
     gl.store(out_ptr + (i + N - 1) % N, vals)
 
