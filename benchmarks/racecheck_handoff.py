@@ -10,11 +10,16 @@ before every read. Variants:
   turn, ``ROUNDS`` rounds (the default partition writes and arrives on mbarrier 0; the worker waits on it, reads,
   writes its own value and arrives on mbarrier 1; the default waits on that and reads), the phases alternating;
 * ``none``: no hand-off at all (the default partition reads what the parent region stored before the
-  warp-specialised region began): Triton's own start of the region alone.
+  warp-specialised region began): Triton's own start of the region alone;
+* ``pp`` / ``ppslow``: the ping-pong's own hand-offs, line for line (``_math_pp``'s running max through one
+  ``[64]`` slot, then the row sums through ``[128]``), in its layouts (a row of the m64n64 wgmma result, held by
+  4 lanes), with a third, idle partition as the producers are; ``ppslow`` sleeps before each wait so that the
+  other partition's arrival has already completed the phase when it waits, as in the kernel, where each
+  warpgroup's products run between its arrival and the other's wait.
 
 Each variant's result is checked (the default partition must read the worker's values). Run it under the tool:
 
-    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py [one|loop|none]
+    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py [one|loop|none|pp|ppslow]
 """
 from __future__ import annotations
 
@@ -97,11 +102,104 @@ def _handoff_kernel(out_ptr, MODE: gl.constexpr):
     gl.warp_specialize([(_reader, (buf, bar, out_ptr, MODE)), (_writer, (buf, bar, MODE))], [4], [48])
 
 
+@gluon.jit
+def _nap(x, SLOW: gl.constexpr):
+    """``x``, after every thread has slept about a microsecond when ``SLOW``."""
+    if SLOW:
+        x = gl.inline_asm_elementwise("nanosleep.u32 1000;\n mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+    return x
+
+
+@gluon.jit
+def _pp_signal(bar):
+    gl.thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr):
+    """One math warpgroup of ``pp``: the hand-offs of ``kernel_sm90._math_pp`` on made-up values. Warpgroup 0
+    publishes its max (xbar 0), warpgroup 1 folds it into its own and publishes the pair's (xbar 1), which warpgroup
+    0 reads; at the end each adds the other's row sum (xbar 5, 6). Warpgroup 0 stores what it read."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    h = gl.arange(0, 64, row_s)
+    hi = _nap(h, SLOW)
+    m_run = gl.full([64], float("-inf"), gl.float32, row_s)
+    l_run = gl.zeros([64], gl.float32, row_s)
+    got = gl.zeros([64], gl.float32, row_s)
+    for p in range(ROUNDS):
+        ph = p & 1
+        mine = ((hi * 7 + p * 13 + WG * 5) % 17).to(gl.float32)  # this warpgroup's tile max
+        m_prev = m_run
+        if WG == 1:
+            hi = _nap(hi, SLOW)
+            mbarrier.wait(xbar.index(0), ph)
+            m_prev = m_smem.load(row_s)
+        m_new = gl.maximum(m_prev, mine)
+        l_run = l_run + mine
+        m_run = m_new
+        m_smem.store(m_new)
+        _pp_signal(xbar.index(WG))
+        if WG == 0:
+            hi = _nap(hi, SLOW)
+            mbarrier.wait(xbar.index(1), ph)
+            m_run = m_smem.load(row_s)
+            got += m_run
+    if WG == 0:
+        l_smem.slice(0, 64).store(l_run)
+        _pp_signal(xbar.index(5))
+        hi = _nap(hi, SLOW)
+        mbarrier.wait(xbar.index(6), 0)
+        l_tot = l_run + l_smem.slice(64, 64).load(row_s)
+        gl.store(out_ptr + h, got)
+        gl.store(out_ptr + 64 + h, l_tot)
+    else:
+        hi = _nap(hi, SLOW)
+        mbarrier.wait(xbar.index(5), 0)
+        l_tot = l_run + l_smem.slice(0, 64).load(row_s)
+        l_smem.slice(64, 64).store(l_run)
+        _pp_signal(xbar.index(6))
+
+
+@gluon.jit
+def _pp_idle(xbar):
+    pass
+
+
+@gluon.jit
+def _pp_kernel(out_ptr, SLOW: gl.constexpr):
+    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    m_smem = gl.allocate_shared_memory(gl.float32, [64], vec)
+    l_smem = gl.allocate_shared_memory(gl.float32, [128], vec)
+    xbar = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(7):
+        mbarrier.init(xbar.index(j), count=1)
+    gl.warp_specialize([(_pp_part, (m_smem, l_smem, xbar, out_ptr, 0, SLOW)),
+                        (_pp_part, (m_smem, l_smem, xbar, out_ptr, 1, SLOW)), (_pp_idle, (xbar, ))], [4, 4], [96, 48])
+
+
+def _pp_want(dev):
+    """What ``pp`` must give: the pair's max summed over the rounds, and both row sums."""
+    h = torch.arange(64, device=dev)
+    got, m = torch.zeros(64, device=dev), torch.full((64,), float("-inf"), device=dev)
+    for p in range(ROUNDS.value):
+        m = torch.maximum(m, ((h * 7 + p * 13) % 17).float())
+        m = torch.maximum(m, ((h * 7 + p * 13 + 5) % 17).float())
+        got += m
+    l_tot = sum(((h * 7 + p * 13 + wg * 5) % 17).float() for p in range(ROUNDS.value) for wg in (0, 1))
+    return torch.cat([got, l_tot])
+
+
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "one"
     out = torch.full((128,), float("nan"), device="cuda")
     i = torch.arange(128, device="cuda")
-    if mode == "loop":
+    if mode in ("pp", "ppslow"):
+        _pp_kernel[(1,)](out, SLOW=mode == "ppslow", num_warps=4)
+        want = _pp_want("cuda")
+    elif mode == "loop":
         _loop_kernel[(1,)](out, num_warps=4)
         want = sum(2.0 * (i + r) for r in range(8)).float()
     else:

@@ -53,15 +53,15 @@ for tool in $TOOLS; do
       sanitize memcheck memcheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
         --per-function 3 &
       sanitize memcheck memcheck_rest 3 $KERNEL_TESTS --per-function "$PF" -k "not ($GLUON) and $NOGRAPH" & ;;
-    synccheck) sanitize synccheck synccheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py \
+    synccheck) sanitize synccheck synccheck_gluon 3 tests/test_mla.py tests/test_mla_bulk.py \
       -k "($GLUON) and $NOGRAPH" --per-function "$PF" & ;;
     initcheck)  # (without the top-k's tests: their one known report fills the print limit)
       sanitize initcheck initcheck 3 ${KERNEL_TESTS/tests\/test_topk.py/} --per-function "$PF" -k "$NOGRAPH" & ;;
     racecheck)
-      (for m in one loop none; do
+      (for m in one loop none pp ppslow; do
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done > "$OUT/racecheck_handoff.txt" 2>&1) &
-      sanitize racecheck racecheck_gluon 2 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
+      sanitize racecheck racecheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
         --per-function "$PF" & ;;
   esac
 done

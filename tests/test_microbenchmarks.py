@@ -107,17 +107,25 @@ for mode in (0, 1):
     k = G.compile_sm90(R._handoff_kernel, dict(MODE=mode), {"out_ptr": "*fp32"}, 4)
     out[f"handoff {mode}"] = G.sass_counts(k, PRE)
 out["loop"] = G.sass_counts(G.compile_sm90(R._loop_kernel, {}, {"out_ptr": "*fp32"}, 4), PRE)
+for slow in (False, True):
+    out[f"pp {slow}"] = G.sass_counts(G.compile_sm90(R._pp_kernel, dict(SLOW=slow), {"out_ptr": "*fp32"}, 4), PRE)
 """
 
 
 def test_racecheck_handoff_compiles_for_sm90():
     """``benchmarks/racecheck_handoff.py`` (what racecheck makes of the partitions' hand-off; BENCHMARKS.md,
-    forty-second session): each form compiles for sm_90a, and the hand-off is there: ``one`` and ``loop`` arrive on
-    and wait for mbarriers, ``none`` does neither."""
-    c = compiled_in_subprocess(_HANDOFF, ("SYNCS", "BAR", "LDS", "STS"))
+    forty-second session): each form compiles for sm_90a, and the hand-off is there: ``one``, ``loop`` and ``pp``
+    arrive on and wait for mbarriers, ``none`` does neither, and only ``ppslow`` sleeps."""
+    c = compiled_in_subprocess(_HANDOFF, ("SYNCS", "BAR", "LDS", "STS", "NANOSLEEP"))
     one, none, loop = c["handoff 0"], c["handoff 1"], c["loop"]
     arrive = [k for k in one if k.startswith("SYNCS.ARRIVE")]
     wait = [k for k in one if k.startswith("SYNCS.PHASECHK")]
     assert arrive and wait, one
     assert not any(k.startswith(("SYNCS.ARRIVE", "SYNCS.PHASECHK")) for k in none), none
     assert any(k.startswith("SYNCS.ARRIVE") for k in loop) and any(k.startswith("SYNCS.PHASECHK") for k in loop), loop
+    for slow in (False, True):
+        pp = c[f"pp {slow}"]
+        # (4 arrivals: the max both ways, the row sums both ways)
+        assert sum(v for k, v in pp.items() if k.startswith("SYNCS.ARRIVE")) >= 4, pp
+        assert any(k.startswith("SYNCS.PHASECHK") for k in pp), pp
+        assert any(k.startswith("NANOSLEEP") for k in pp) == slow, pp
