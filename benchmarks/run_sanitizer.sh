@@ -59,6 +59,7 @@ for tool in $TOOLS; do
       sanitize initcheck initcheck 3 ${KERNEL_TESTS/tests\/test_topk.py/} --per-function "$PF" -k "$NOGRAPH" & ;;
     racecheck)
       (for m in one loop none pp ppslow; do
+        echo "== racecheck_handoff.py $m"
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done > "$OUT/racecheck_handoff.txt" 2>&1) &
       sanitize racecheck racecheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
@@ -72,3 +73,7 @@ for f in "$OUT"/*.txt; do
   grep -h -E "^========= [A-Z]" "$f" | grep -v SUMMARY | sort | uniq -c | sort -rn | head -6
   grep -h -E "^=========     at " "$f" | sort | uniq -c | sort -rn | head -6
 done
+if [ -f "$OUT/racecheck_handoff.txt" ]; then  # each hand-off form: its values and what racecheck made of it
+  echo "== racecheck_handoff.py, form by form"
+  grep -E "^== racecheck_handoff|values|RACECHECK SUMMARY|Race reported" "$OUT/racecheck_handoff.txt"
+fi
