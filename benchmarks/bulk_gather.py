@@ -207,6 +207,30 @@ def sass_text(kernel) -> str:
     return sass
 
 
+def sass_lines(kernel) -> list:
+    """The compiled kernel's SASS as ``(offset, file, line, instruction)`` rows in address order (Triton's bundled
+    ``nvdisasm -g``): the source file's base name and line each instruction came from, as Triton's line info
+    holds them (``("", 0)`` before the first marker); the instruction with its predicate, without the ``;``."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    text = subprocess.run([os.path.join(tools, "nvdisasm"), "-g", "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    rows, where = [], ("", 0)
+    for raw in text.splitlines():
+        m = re.match(r'\s*//## File "([^"]+)", line (\d+)', raw)
+        if m:
+            where = (os.path.basename(m[1]), int(m[2]))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", raw)
+        if m:
+            rows.append((int(m[1], 16), *where, m[2]))
+    return rows
+
+
 def sass_counts(kernel, prefixes):
     """How many of each SASS instruction starting with one of ``prefixes`` the compiled kernel holds."""
     from collections import Counter

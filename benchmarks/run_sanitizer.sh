@@ -15,8 +15,10 @@
 # * racecheck flags Triton's own start of every warp-specialised region (the worker warps' read of their partition
 #   byte after `bar.sync 1`, at the kernel's offset 0x100; `python3 benchmarks/racecheck_handoff.py none` under the
 #   tool shows it on a small kernel), and hand-offs in the 64-head ping-pong (`_math_pp`) not yet explained: the
-#   same hand-off done once (`racecheck_handoff.py one`) draws no report; `racecheck_handoff.py loop` is the next
-#   check.
+#   same hand-off done once (`racecheck_handoff.py one`) draws no report. The racecheck job also runs the forms
+#   not yet run on a GPU: `loop` (one slot both ways, phases alternating) and `pp` / `ppslow` (`_math_pp`'s own
+#   hand-offs in its layouts, beside a third partition; `ppslow`: each wait finds its phase already complete). If
+#   those draw the kernel's reports too, they are the tool's; if not, the difference lies in `_math_pp`.
 # * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
 #   is a cudaMalloc, which the capture forbids.
 #

@@ -35,7 +35,8 @@ from dsa.mla_cache.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
 from dsa.mla import sparse_mla, sparse_mla_ref
 from dsa.mla.kernel import (SM90_TWO_GROUPS_MAX_T, TARGET_CONFIGS, block_h_for, choose_num_splits,
                              sparse_mla_triton)
-from utils import DEVICE, gen, poison_, record_launches, skip_unless_gluon_triton, skip_unless_hopper
+from utils import (DEVICE, compiled_in_subprocess, gen, poison_, record_launches, skip_unless_gluon_triton,
+                   skip_unless_hopper)
 
 OUT_ATOL_REL = 2.0**-7
 LSE_ATOL, LSE_RTOL = 2e-5, 2.0 / 65536
@@ -1201,6 +1202,89 @@ def test_sm90_small_head_fp8_producer_fits():
         assert (cluster, size, barrier, threads) == ("0", "1", "0", "384"), (bh, line)
         regs = [int(r) for r in regs.split(",")]
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
+
+
+_COMPILE_PP = r"""
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from dsa.mla import kernel_sm90
+
+fn = kernel_sm90._sparse_mla_sm90_kernel
+ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*i32",
+            sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
+            flse_ptr="*fp32")
+prod = kernel_sm90.producer_config(False, 64, True)  # what launch() uses for the ping-pong
+for persist in (False, True):
+    consts = dict(IS_FP8=False, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=64, PINGPONG=True,
+                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+                  MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=False, LAZY=False, PERSIST=persist)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
+           for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
+    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    out[f"persist {persist}"] = G.sass_lines(k)
+"""
+
+
+def _pp_handoffs(rows, loads: dict, stores: dict) -> dict:
+    """The hand-offs of each shared slot in compiled SASS (``rows``: :func:`bulk_gather.sass_lines`); ``loads`` /
+    ``stores``: slot name -> the source lines that read / write it. Per slot: ``acquired``, the mbarrier (its
+    shared-memory offset) whose wait is the last mbarrier operation before each read, and ``published``, the one
+    whose arrival is the first mbarrier operation after each write, with a barrier of the writing warpgroup
+    (``BAR.SYNC``) between; ``None`` where a read does not follow a wait, or a write is not followed by a barrier
+    and then an arrival."""
+    def mbar(instr):
+        return instr.split("[", 1)[1].split("]", 1)[0].split("+")[-1]  # (the offset; each partition's own base)
+
+    sync = [i for i, r in enumerate(rows) if "SYNCS.ARRIVE" in r[3] or "SYNCS.PHASECHK" in r[3]]
+    got = {}
+    for slot in loads:
+        acq, pub, n_ld, n_st = [], [], 0, 0
+        for i, (_, f, line, instr) in enumerate(rows):
+            op = instr.split()[-2] if instr.startswith("@") else instr.split()[0]
+            if f == "kernel_sm90.py" and line in loads[slot] and op.startswith("LDS"):
+                n_ld += 1
+                before = [j for j in sync if j < i]
+                acq.append(mbar(rows[before[-1]][3]) if before and "PHASECHK" in rows[before[-1]][3] else None)
+            if f == "kernel_sm90.py" and line in stores[slot] and op.startswith("STS"):
+                n_st += 1
+                after = [j for j in sync if j > i]
+                ok = after and "ARRIVE" in rows[after[0]][3] and any(
+                    "BAR.SYNC" in rows[j][3] for j in range(i + 1, after[0]))
+                pub.append(mbar(rows[after[0]][3]) if ok else None)
+        got[slot] = dict(acquired=acq, published=pub, reads=n_ld, writes=n_st)
+    return got
+
+
+def test_sm90_pingpong_handoffs_compile_in_order():
+    """The compiled hand-offs of the 64-head ping-pong (:func:`~dsa.mla.kernel_sm90._math_pp`), which the CPU
+    cannot run and whose racecheck reports are not explained yet (BENCHMARKS.md, forty-second and forty-third
+    sessions): in the sm_90a SASS of the one-item and the persistent program, every read of the shared running max
+    (``m_smem``) and row sums (``l_smem``) comes after a wait on an mbarrier, every write is followed by the
+    warpgroup's barrier and then an arrival, and the mbarriers waited on before the reads are exactly those
+    arrived on after the writes: so each read is ordered after a write of the other warpgroup by the mbarrier it
+    waits on, as the source means, whatever the compiler scheduled."""
+    import inspect
+
+    from dsa.mla import kernel_sm90
+
+    lines, first = inspect.getsourcelines(kernel_sm90._math_pp.fn)
+    at = {key: {first + n for n, text in enumerate(lines) if key in text}
+          for key in ("m_smem.load", "m_smem.store", "l_smem.slice(0, BH).load", "l_smem.slice(BH, BH).load",
+                      "l_smem.slice(0, BH).store", "l_smem.slice(BH, BH).store")}
+    loads = {"m": at["m_smem.load"], "l": at["l_smem.slice(0, BH).load"] | at["l_smem.slice(BH, BH).load"]}
+    stores = {"m": at["m_smem.store"], "l": at["l_smem.slice(0, BH).store"] | at["l_smem.slice(BH, BH).store"]}
+    assert len(loads["m"]) == 2 and len(stores["m"]) == 1 and len(loads["l"]) == 2 and len(stores["l"]) == 2, at
+    out = compiled_in_subprocess(_COMPILE_PP, ())
+    for name, rows in out.items():
+        got = _pp_handoffs(rows, loads, stores)
+        for slot, g in got.items():
+            assert g["reads"] >= 2 and g["writes"] >= 2, (name, slot, g)  # (both warpgroups read and write each)
+            assert None not in g["acquired"] and None not in g["published"], (name, slot, g)
+            assert set(g["acquired"]) == set(g["published"]) and len(set(g["published"])) == 2, (name, slot, g)
+        # the two slots go through different mbarriers
+        assert not set(got["m"]["published"]) & set(got["l"]["published"]), (name, got)
 
 
 @pytest.mark.gpu
