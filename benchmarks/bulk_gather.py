@@ -210,7 +210,8 @@ def sass_text(kernel) -> str:
 def sass_lines(kernel) -> list:
     """The compiled kernel's SASS as ``(offset, file, line, instruction)`` rows in address order (Triton's bundled
     ``nvdisasm -g``): the source file's base name and line each instruction came from, as Triton's line info
-    holds them (``("", 0)`` before the first marker); the instruction with its predicate, without the ``;``."""
+    holds them (``("", 0)`` before the first marker); the instruction with its predicate, without the ``;``, branch
+    targets as offsets (``BRA 0x2f40``)."""
     import subprocess
     import tempfile
 
@@ -219,16 +220,23 @@ def sass_lines(kernel) -> list:
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     text = subprocess.run([os.path.join(tools, "nvdisasm"), "-g", "-c", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    rows, where = [], ("", 0)
+    rows, where, labels, pending = [], ("", 0), {}, []
     for raw in text.splitlines():
         m = re.match(r'\s*//## File "([^"]+)", line (\d+)', raw)
         if m:
             where = (os.path.basename(m[1]), int(m[2]))
             continue
+        m = re.match(r"(\.L_x_\d+):", raw)
+        if m:
+            pending.append(m[1])
+            continue
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", raw)
         if m:
+            labels.update((name, int(m[1], 16)) for name in pending)
+            pending = []
             rows.append((int(m[1], 16), *where, m[2]))
-    return rows
+    # branch targets as offsets: "BRA `(.L_x_8)" -> "BRA 0x2f40"
+    return [(o, f, n, re.sub(r"`\((\.L_x_\d+)\)", lambda t: hex(labels[t[1]]), i)) for o, f, n, i in rows]
 
 
 def sass_counts(kernel, prefixes):

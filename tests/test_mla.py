@@ -16,6 +16,7 @@ Tolerances (kernel vs reference, both fp32 accumulation over the same bf16 opera
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -1204,55 +1205,127 @@ def test_sm90_small_head_fp8_producer_fits():
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
-_COMPILE_PP = r"""
+_COMPILE_VARIANTS = r"""
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dsa.mla import kernel_sm90
 
 fn = kernel_sm90._sparse_mla_sm90_kernel
-ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*i32",
-            sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
-            flse_ptr="*fp32")
-prod = kernel_sm90.producer_config(False, 64, True)  # what launch() uses for the ping-pong
-for persist in (False, True):
-    consts = dict(IS_FP8=False, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=64, PINGPONG=True,
+# name: (fp8, head group, ping-pong, persistent, num_warps); lengths and sink on, one split, no cluster
+VARIANTS = {"64 bf16": (False, 64, False, False, 8), "64 fp8": (True, 64, False, False, 8),
+            "pingpong": (False, 64, True, False, 4), "pingpong persistent": (False, 64, True, True, 4),
+            "16 fp8": (True, 16, False, False, 4), "32 fp8": (True, 32, False, False, 4),
+            "32 bf16": (False, 32, False, False, 4)}
+for name, (fp8, bh, pp, persist, nw) in VARIANTS.items():
+    ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
+                idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32",
+                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
+    prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
+    consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-                  MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=False, LAZY=False, PERSIST=persist)
+                  MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
+                  LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
-    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    out[f"persist {persist}"] = G.sass_lines(k)
+    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw))
+    out[name] = G.sass_lines(k)
 """
+
+
+@functools.lru_cache(maxsize=1)
+def _sm90_sass() -> dict:
+    """The sm_90a SASS (:func:`bulk_gather.sass_lines`) of the Hopper kernel's variants in ``_COMPILE_VARIANTS``,
+    compiled once per process."""
+    return compiled_in_subprocess(_COMPILE_VARIANTS, ())
+
+
+def _source_lines(fn, *keys) -> set:
+    """The file lines of ``fn``'s source (a Gluon function) that hold any of ``keys``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn.fn)
+    return {first + n for n, text in enumerate(lines) if any(k in text for k in keys)}
+
+
+def _op(instr: str) -> str:
+    """A SASS instruction's opcode (without its predicate)."""
+    words = instr.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def _cfg(rows) -> tuple:
+    """``(successors, predecessors)`` of each SASS row (:func:`bulk_gather.sass_lines`) by index: the next row unless
+    the row is an unpredicated branch or exit, and a branch's target."""
+    at = {r[0]: i for i, r in enumerate(rows)}
+    succ = []
+    for i, (_, _, _, instr) in enumerate(rows):
+        op, cond = _op(instr), instr.startswith("@") and not instr.startswith("@PT ")
+        nxt = [i + 1] if i + 1 < len(rows) else []
+        if op.startswith("BRA"):
+            succ.append([at[int(instr.split()[-1], 16)]] + (nxt if cond else []))
+        elif op.startswith(("EXIT", "RET")):
+            succ.append(nxt if cond else [])
+        else:
+            assert not op.startswith(("BRX", "JMX", "JMP", "CALL")), instr  # (none in these kernels)
+            succ.append(nxt)
+    pred = [[] for _ in rows]
+    for i, out in enumerate(succ):
+        for j in out:
+            pred[j].append(i)
+    return succ, pred
+
+
+def _first_on_paths(edges, starts, stop) -> set:
+    """Walking ``edges`` (:func:`_cfg`'s successors or predecessors) from the rows ``starts`` along every path: the
+    rows where ``stop(row)`` first holds, and ``"end"`` if some path ends before."""
+    seen, hits, todo = set(), set(), list(starts)
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if stop(i):
+            hits.add(i)
+        elif not edges[i]:
+            hits.add("end")
+        else:
+            todo.extend(edges[i])
+    return hits
 
 
 def _pp_handoffs(rows, loads: dict, stores: dict) -> dict:
     """The hand-offs of each shared slot in compiled SASS (``rows``: :func:`bulk_gather.sass_lines`); ``loads`` /
-    ``stores``: slot name -> the source lines that read / write it. Per slot: ``acquired``, the mbarrier (its
-    shared-memory offset) whose wait is the last mbarrier operation before each read, and ``published``, the one
-    whose arrival is the first mbarrier operation after each write, with a barrier of the writing warpgroup
-    (``BAR.SYNC``) between; ``None`` where a read does not follow a wait, or a write is not followed by a barrier
-    and then an arrival."""
-    def mbar(instr):
-        return instr.split("[", 1)[1].split("]", 1)[0].split("+")[-1]  # (the offset; each partition's own base)
+    ``stores``: slot name -> the source lines that read / write it. Along every path of the control flow, per slot:
+    ``acquired``, the mbarriers (their shared-memory offsets) whose wait is the last mbarrier operation before a
+    read, and ``published``, those whose arrival is the first mbarrier operation after a write, with a barrier of
+    the writing warpgroup (``BAR.SYNC``) before it; ``None`` where a path reaches a read without a wait, or leaves a
+    write to anything but a barrier and then an arrival."""
+    def mbar(i):
+        return rows[i][3].split("[", 1)[1].split("]", 1)[0].split("+")[-1]  # (the offset; each partition's own base)
 
-    sync = [i for i, r in enumerate(rows) if "SYNCS.ARRIVE" in r[3] or "SYNCS.PHASECHK" in r[3]]
+    def op(i):
+        return _op(rows[i][3])
+
+    succ, pred = _cfg(rows)
+    is_sync = [op(i).startswith(("SYNCS.ARRIVE", "SYNCS.PHASECHK")) for i in range(len(rows))]
     got = {}
     for slot in loads:
         acq, pub, n_ld, n_st = [], [], 0, 0
-        for i, (_, f, line, instr) in enumerate(rows):
-            op = instr.split()[-2] if instr.startswith("@") else instr.split()[0]
-            if f == "kernel_sm90.py" and line in loads[slot] and op.startswith("LDS"):
+        for i, (_, f, line, _) in enumerate(rows):
+            if f == "kernel_sm90.py" and line in loads[slot] and op(i).startswith("LDS"):
                 n_ld += 1
-                before = [j for j in sync if j < i]
-                acq.append(mbar(rows[before[-1]][3]) if before and "PHASECHK" in rows[before[-1]][3] else None)
-            if f == "kernel_sm90.py" and line in stores[slot] and op.startswith("STS"):
+                for h in _first_on_paths(pred, pred[i], is_sync.__getitem__):
+                    acq.append(mbar(h) if h != "end" and "PHASECHK" in op(h) else None)
+            if f == "kernel_sm90.py" and line in stores[slot] and op(i).startswith("STS"):
                 n_st += 1
-                after = [j for j in sync if j > i]
-                ok = after and "ARRIVE" in rows[after[0]][3] and any(
-                    "BAR.SYNC" in rows[j][3] for j in range(i + 1, after[0]))
-                pub.append(mbar(rows[after[0]][3]) if ok else None)
+                for b in _first_on_paths(succ, succ[i], lambda j: is_sync[j] or op(j).startswith("BAR.SYNC")):
+                    if b == "end" or is_sync[b]:
+                        pub.append(None)
+                        continue
+                    for h in _first_on_paths(succ, succ[b], is_sync.__getitem__):
+                        pub.append(mbar(h) if h != "end" and "ARRIVE" in op(h) else None)
         got[slot] = dict(acquired=acq, published=pub, reads=n_ld, writes=n_st)
     return got
 
@@ -1260,31 +1333,66 @@ def _pp_handoffs(rows, loads: dict, stores: dict) -> dict:
 def test_sm90_pingpong_handoffs_compile_in_order():
     """The compiled hand-offs of the 64-head ping-pong (:func:`~dsa.mla.kernel_sm90._math_pp`), which the CPU
     cannot run and whose racecheck reports are not explained yet (BENCHMARKS.md, forty-second and forty-third
-    sessions): in the sm_90a SASS of the one-item and the persistent program, every read of the shared running max
-    (``m_smem``) and row sums (``l_smem``) comes after a wait on an mbarrier, every write is followed by the
-    warpgroup's barrier and then an arrival, and the mbarriers waited on before the reads are exactly those
-    arrived on after the writes: so each read is ordered after a write of the other warpgroup by the mbarrier it
-    waits on, as the source means, whatever the compiler scheduled."""
-    import inspect
-
+    sessions): in the sm_90a SASS of the one-item and the persistent program, along every path of the control
+    flow, every read of the shared running max (``m_smem``) and row sums (``l_smem``) comes after a wait on an
+    mbarrier, every write is followed by the warpgroup's barrier and then an arrival, and the mbarriers waited on
+    before the reads are exactly those arrived on after the writes: so each read is ordered after a write of the
+    other warpgroup by the mbarrier it waits on, as the source means, whatever the compiler scheduled."""
     from dsa.mla import kernel_sm90
 
-    lines, first = inspect.getsourcelines(kernel_sm90._math_pp.fn)
-    at = {key: {first + n for n, text in enumerate(lines) if key in text}
+    at = {key: _source_lines(kernel_sm90._math_pp, key)
           for key in ("m_smem.load", "m_smem.store", "l_smem.slice(0, BH).load", "l_smem.slice(BH, BH).load",
                       "l_smem.slice(0, BH).store", "l_smem.slice(BH, BH).store")}
     loads = {"m": at["m_smem.load"], "l": at["l_smem.slice(0, BH).load"] | at["l_smem.slice(BH, BH).load"]}
     stores = {"m": at["m_smem.store"], "l": at["l_smem.slice(0, BH).store"] | at["l_smem.slice(BH, BH).store"]}
     assert len(loads["m"]) == 2 and len(stores["m"]) == 1 and len(loads["l"]) == 2 and len(stores["l"]) == 2, at
-    out = compiled_in_subprocess(_COMPILE_PP, ())
-    for name, rows in out.items():
-        got = _pp_handoffs(rows, loads, stores)
+    for name in ("pingpong", "pingpong persistent"):
+        got = _pp_handoffs(_sm90_sass()[name], loads, stores)
         for slot, g in got.items():
             assert g["reads"] >= 2 and g["writes"] >= 2, (name, slot, g)  # (both warpgroups read and write each)
             assert None not in g["acquired"] and None not in g["published"], (name, slot, g)
             assert set(g["acquired"]) == set(g["published"]) and len(set(g["published"])) == 2, (name, slot, g)
         # the two slots go through different mbarriers
         assert not set(got["m"]["published"]) & set(got["l"]["published"]), (name, got)
+
+
+def _unfenced_tile_stores(rows, lines) -> tuple:
+    """``(stores, unfenced)``: how many shared-memory stores (``STS``, ``STSM``) the source ``lines`` compiled to in
+    ``rows`` (:func:`bulk_gather.sass_lines`), and the offsets of those from which some path of the control flow
+    reaches a tensor-core product or an mbarrier arrival (the first instructions after which wgmma, the async
+    proxy, may read what they wrote) before a proxy fence (``FENCE.VIEW.ASYNC.S``)."""
+    succ, _ = _cfg(rows)
+    stores, unfenced = 0, []
+    for i, (off, f, line, instr) in enumerate(rows):
+        if f != "kernel_sm90.py" or line not in lines or not _op(instr).startswith(("STS", "STSM")):
+            continue
+        stores += 1
+        hits = _first_on_paths(succ, succ[i], lambda j: _op(rows[j][3]).startswith(
+            ("FENCE.VIEW.ASYNC.S", "HGMMA", "SYNCS.ARRIVE")))
+        if any(h != "end" and not _op(rows[h][3]).startswith("FENCE") for h in hits):
+            unfenced.append(hex(off))
+    return stores, unfenced
+
+
+def test_sm90_tile_stores_fenced_before_wgmma():
+    """Every tile the Hopper kernel writes with ordinary shared-memory stores and then hands to wgmma (q, the
+    dequantised fp8 rows, P) is made visible to the async proxy first: in the sm_90a SASS of the 64-head (bf16,
+    fp8), ping-pong (one item, persistent) and 16/32-head variants, every path of the control flow from such a
+    store meets a proxy fence before any wgmma or mbarrier arrival. Without it wgmma may read stale shared memory,
+    which no test on the CPU and no racecheck run (it does not follow the async proxy) would show."""
+    from dsa.mla import kernel_sm90
+
+    # every shared store of the kernel's source but the running max and row sums (read back with plain loads)
+    lines = {n for n in _source_lines(kernel_sm90._sparse_mla_sm90_kernel, ".store(")}
+    for fn in (kernel_sm90._load_q, kernel_sm90._producer, kernel_sm90._math_64, kernel_sm90._math_rows,
+               kernel_sm90._math_pp):
+        lines |= _source_lines(fn, ".store(")
+    lines -= _source_lines(kernel_sm90._math_rows, "m_smem.store") | _source_lines(kernel_sm90._math_pp, "m_smem.store",
+                                                                                   "l_smem.slice")
+    for name, rows in _sm90_sass().items():
+        stores, unfenced = _unfenced_tile_stores(rows, lines)
+        assert stores >= 4, (name, stores)
+        assert not unfenced, (name, unfenced)
 
 
 @pytest.mark.gpu
