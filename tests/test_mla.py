@@ -1139,32 +1139,41 @@ def test_sm90_kernel_never_serves_off_hopper():
         assert not any(kernel_sm90.supported(q, kv, bh) for bh in (16, 32, 64))
 
 
-_COMPILE_SM90 = r"""
-import re
-import sys
+#: a script's part that defines ``build(consts, num_warps)``: the Hopper kernel compiled for sm_90a with the
+#: constexprs ``consts`` (the launcher's pointer types; fp8 pointers where ``IS_FP8``), on any machine (Triton's own
+#: ptxas, in a process without the CPU interpreter, which cannot compile Gluon)
+_SM90_BUILD = r"""
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dsa.mla import kernel_sm90
 
-fn = kernel_sm90._sparse_mla_sm90_kernel
-ptrs = dict(q_ptr="*bf16", nope_ptr="*bf16", scale_ptr="*bf16", rope_ptr="*bf16", idx_ptr="*i32", len_ptr="*fp32",
-            sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32", fout_ptr="*bf16", fml_ptr="*fp32",
-            flse_ptr="*fp32")
-fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
-fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
-if fp8:
-    ptrs.update(nope_ptr="*fp8e4nv", scale_ptr="*fp32")
-for cluster in map(int, sys.argv[2:]):
-    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
-                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False)  # fp8: alternate tiles
+
+def build(consts, num_warps):
+    fn = kernel_sm90._sparse_mla_sm90_kernel
+    fp8 = consts["IS_FP8"]
+    ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
+                idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32",
+                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
-    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    return kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+"""
+
+_COMPILE_SM90 = _SM90_BUILD + r"""
+import re
+import sys
+
+fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
+fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
+prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
+for cluster in map(int, sys.argv[2:]):
+    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
+                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
+                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False)  # fp8: alternate tiles
+    k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
     print(cluster, k.packed_metadata[1], int("barrier.cluster.wait" in ptx), re.search(r"\.reqntid (\d+)", ptx)[1],
@@ -1205,32 +1214,19 @@ def test_sm90_small_head_fp8_producer_fits():
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
-_COMPILE_VARIANTS = r"""
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from dsa.mla import kernel_sm90
-
-fn = kernel_sm90._sparse_mla_sm90_kernel
+_COMPILE_VARIANTS = _SM90_BUILD + r"""
 # name: (fp8, head group, ping-pong, persistent, num_warps); lengths and sink on, one split, no cluster
 VARIANTS = {"64 bf16": (False, 64, False, False, 8), "64 fp8": (True, 64, False, False, 8),
             "pingpong": (False, 64, True, False, 4), "pingpong persistent": (False, 64, True, True, 4),
             "16 fp8": (True, 16, False, False, 4), "32 fp8": (True, 32, False, False, 4),
             "32 bf16": (False, 32, False, False, 4)}
 for name, (fp8, bh, pp, persist, nw) in VARIANTS.items():
-    ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
-                idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32",
-                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
     prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
     consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
                   LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist)
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
-           for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
-    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
-    k = kernel_sm90._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw))
-    out[name] = G.sass_lines(k)
+    out[name] = G.sass_lines(build(consts, nw))
 """
 
 
