@@ -1253,7 +1253,7 @@ def _op(instr: str) -> str:
 
 def _cfg(rows) -> tuple:
     """``(successors, predecessors)`` of each SASS row (:func:`bulk_gather.sass_lines`) by index: the next row unless
-    the row is an unpredicated branch or exit, and a branch's target."""
+    the row is an unpredicated branch, exit or return, and a branch's target."""
     at = {r[0]: i for i, r in enumerate(rows)}
     succ = []
     for i, (_, _, _, instr) in enumerate(rows):
@@ -1264,7 +1264,8 @@ def _cfg(rows) -> tuple:
         elif op.startswith(("EXIT", "RET")):
             succ.append(nxt if cond else [])
         else:
-            assert not op.startswith(("BRX", "JMX", "JMP", "CALL")), instr  # (none in these kernels)
+            # (a CALL, e.g. to a division's slow path, returns to the next row; indirect jumps: none in these kernels)
+            assert not op.startswith(("BRX", "JMX", "JMP")), instr
             succ.append(nxt)
     pred = [[] for _ in rows]
     for i, out in enumerate(succ):
