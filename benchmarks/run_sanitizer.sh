@@ -69,7 +69,11 @@ for tool in $TOOLS; do
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done) > "$OUT/racecheck_handoff.txt" 2>&1 &
       sanitize racecheck racecheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
-        --per-function "$PF" & ;;
+        --per-function "$PF" &
+      # the ping-pong's reports hazard by hazard (kind, threads, addresses)
+      (timeout "$LIMIT" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 12 \
+        --target-processes all python3 -m pytest -p no:cacheprovider -q "tests/test_mla.py::test_gpu_sm90_pingpong[case0]"
+       echo "rc=$?") > "$OUT/racecheck_pp_hazards.txt" 2>&1 & ;;
   esac
 done
 wait
