@@ -30,6 +30,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from dsa.mla.kernel_sm90 import _signal  # (the kernel's own: the warpgroup's barrier, then one arrival)
+
 N = gl.constexpr(128)
 ROUNDS = gl.constexpr(8)
 
@@ -112,12 +114,6 @@ def _nap(x, SLOW: gl.constexpr):
 
 
 @gluon.jit
-def _pp_signal(bar):
-    gl.thread_barrier()
-    mbarrier.arrive(bar)
-
-
-@gluon.jit
 def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr):
     """One math warpgroup of ``pp``: the hand-offs of ``kernel_sm90._math_pp`` on made-up values. Warpgroup 0
     publishes its max (xbar 0), warpgroup 1 folds it into its own and publishes the pair's (xbar 1), which warpgroup
@@ -141,7 +137,7 @@ def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr
         l_run = l_run + mine
         m_run = m_new
         m_smem.store(m_new)
-        _pp_signal(xbar.index(WG))
+        _signal(xbar.index(WG))
         if WG == 0:
             hi = _nap(hi, SLOW)
             mbarrier.wait(xbar.index(1), ph)
@@ -149,7 +145,7 @@ def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr
             got += m_run
     if WG == 0:
         l_smem.slice(0, 64).store(l_run)
-        _pp_signal(xbar.index(5))
+        _signal(xbar.index(5))
         hi = _nap(hi, SLOW)
         mbarrier.wait(xbar.index(6), 0)
         l_tot = l_run + l_smem.slice(64, 64).load(row_s)
@@ -160,7 +156,7 @@ def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr
         mbarrier.wait(xbar.index(5), 0)
         l_tot = l_run + l_smem.slice(0, 64).load(row_s)
         l_smem.slice(64, 64).store(l_run)
-        _pp_signal(xbar.index(6))
+        _signal(xbar.index(6))
 
 
 @gluon.jit
@@ -201,7 +197,7 @@ def main():
         want = _pp_want("cuda")
     elif mode == "loop":
         _loop_kernel[(1,)](out, num_warps=4)
-        want = sum(2.0 * (i + r) for r in range(8)).float()
+        want = sum(2.0 * (i + r) for r in range(ROUNDS.value)).float()
     else:
         _handoff_kernel[(1,)](out, MODE={"one": 0, "none": 1}[mode], num_warps=4)
         want = torch.ones(128, device="cuda") if mode == "none" else ((i + 1) % 128 * 3 + 1).float()
