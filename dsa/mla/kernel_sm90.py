@@ -51,80 +51,16 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   (:class:`_ClusterJITFunction`), not by Triton's ``num_ctas``, which would also spread every layout over the
   CTAs.
 
-Measured on the H200 and dropped (BENCHMARKS.md): an L2 bulk prefetch of the rows one or two tiles
-ahead (20% slower), P.V of one tile left in flight into the next (16-20% slower, with and without
-producer warps), the producer with 80 registers (spills) or with 112 and two groups early, one running
-row sum instead of per-column partial sums (4% slower), a ring of raw fp8 stages for small heads (no
-gain), for those small-head fp8 calls also a producer with two tiles in flight (the next tile's rows in
-registers, or tiles loaded in pairs: 6-16% slower), row loads that bypass L1 (``.cg``: 16-23% slower; the
-loads of one row share its 128-byte lines) and a ring of 2-3 raw 32-row stages copied by ``cp.async`` beside the
-two bf16 buffers (7-26% slower); ``prefetch.global.L2`` of the rows two of a producer warpgroup's tiles ahead
-(2-45% slower, both formats, 16-128 heads); for 16-head groups two CTAs per SM, each with one tile buffer, one
-producer and one math warpgroup (7-37% slower); the split merge done by the split that finishes last (a counter
-per (token, head group), no second launch: 4-18 us slower for 16/32-head groups, 6-12x for 64-head ones: one CTA
-merges all 512 columns); for small heads the next tile's QK issued behind this tile's P.V (2-15% slower), and two
-earlier ping-pongs that released each buffer whole (64-row tiles with two buffers or 32-row tiles with four: 6-23%
-slower: the copy latency was exposed at every tile). For small-head fp8 groups also: a second math warpgroup,
-either on alternate tiles with its own buffer (30% slower) or sharing each tile with the logits split over the values
-and exchanged (6-15% slower at 16 heads, 55% at 32); the index-list entries loaded a tile earlier, and the rope parts
-in a ring of 4 copied before the buffer is free (0-2% and 2-18% slower); a conversion without the scale (3-6%
-faster, wrong values: the bound for any cheaper dequantisation); the math warpgroup's index-list entries loaded a
-tile ahead (-2% to +1%; +5% at 64 heads); every producer's two of its tiles ahead, loaded after ``full`` (1-19%
-slower); the tile buffers filled and released in halves, as the ping-pong's are (9-12% slower at 16 heads). Persistent
-programs for 16/32-head groups over the bf16 cache, as the ping-pong's (prefill h_q 16 -3.1 / +0.3%, h_q 32 +0.8 /
-+0.8% in two runs); the ping-pong's persistent programs taking their items from an atomic counter instead of the static
-walk (9% slower than one program per item, h_q 64 and 128). For 16-head fp8 groups, QK run by the two producer
-warpgroups (K dequantised into registers and renamed into the wgmma A fragment at no cost, the logits handed to the
-math warpgroup through shared memory, which keeps the softmax and P.V): correct, and 12-31% slower from batch 24 on
-(batch 64 49.2-54.4 against 41.6 us; prefill 14-18%): the producers' fill then outlasts the math warpgroup's tile.
-The converse, the producers' dequantisation done before they wait for their buffer (only the stores after it):
-within -0.4 / +1.6%, so in the default the math warpgroup's tile is at least as long as the fill. A 32-head group as
-two 16-head math warpgroups sharing each tile (own q, P and softmax each): fp8 7-29% slower, bf16 3-9% (each reads the
-whole tile as its operands). For ``LAZY`` 32-head groups, whether the max grew learned from one flag per warp (some P
-above ``2**LAZY_TAU``: a vote) instead of each warp's max of every head, the tile's max taken only when a flag is set
-and the true running max kept per thread and reduced at the end: bitwise the same results, fp8 batch 32 / 64 / 128
-13-19% slower, bf16 3%, prefill 7% (120 bytes of the math warpgroup's loop-invariant values spilled).
-
-What bounds small-head fp8 decode (H200, h_q 16, batch 64, BENCHMARKS.md): 41.9 us with the producer warpgroups
-on alternate tiles. With them sharing each tile it took 50.3; 39.3 with the producer converting made-up values
-and loading nothing; 29.1 with the math warps alone. Nsight Compute finds no unit near its peak (DRAM 46%, L2 62%,
-L1/shared 69%, issue 37%): latency, the producers' row loads and the hand-offs between the partitions. A clock
-trace (branch ``mla-trace``) puts both sides at about 3,700 clocks per tile: the math warpgroup's tile, and a
-producer warpgroup's fill from a free buffer to ``full``; with two buffers neither can run ahead. Counted per 64-row
-tile, this dataflow moves about 290 KB through the SM's shared-memory path (128 bytes per clock): the raw rows through
-L1, the bf16 tile stored, and both products' operands (an m64n16k16 wgmma with A in shared memory takes 21.6 clocks,
-37% of the tensor peak: ``benchmarks/mma_small_n.py``). That is about 2,260 clocks, as long as the tile's share of
-DRAM at 4.3 TB/s, and 61% of the 3,700 (Nsight's 69%); the 70% goal (28.6 us) would need that path 85% busy.
-Closing it takes a kernel whose math warps convert the raw rows into register operands (A in registers: 14.7 clocks),
-with no bf16 tile in shared memory. A prototype of that (branch ``mla-rs``: inline-PTX dequantisation on 32-bit words,
-renamed into the A layout at no cost) is correct and, without its row loads, faster than this kernel (33.2 against
-41.9 us at batch 64); with them, and without spills, it takes 49-50 us, whether the rows come through the math
-warps' own registers or through a cp.async loader warpgroup with one or two tiles in flight. Its values still go
-through shared memory for P.V (about 204-246 KB per tile by the count, not 140). DRAM is not the bound: a read-only
-walk of the same rows takes 27.2 us (``benchmarks/gather_ceiling.py mla``, CUDA graph), and random 656-byte rows
-read at 3.9 TB/s. A kernel with no bf16 tile at all (branch ``mla-sync``, ``kernel_sm90_sync``: mma.sync m16n8k16 in
-f16 on the raw bytes converted in registers, each of 4 warps owning one 128-value group, the scales applied to the
-logits and to P) reached parity, not a gain: 71.8 / 42.7 / 26.3 / 10.6 us at batch 128 / 64 / 32 / 1 against this
-kernel's 71.8 / 41.7 / 25.5 / 9.1. Its copies alone (no math) took 35.6 of its 43.9 us at batch 64: the gather in
-that form (1-2 tiles of 41 KB in flight per SM) bounds it. (That branch did not survive; its numbers are in
-BENCHMARKS.md.) Twenty-third session: the fixed cost of a launch (start, q, first copies, output, merge) is only 6 us
-at batch 64 (``benchmarks/decode_fixed_cost.py``); the rest is 2.1-2.4 us per 64-row tile per SM. The read-only walk
-reaches 3.1-3.3 TB/s only with 4 or more programs per SM resident (2.7 TB/s with 2;
-``benchmarks/gather_ceiling.py programs``), which one CTA per SM with 1-3 tiles in flight does not give.
-Twenty-fifth session: with one bulk copy per row (``cp.async.bulk`` by inline PTX, 2-4 loader warps, a ring of 4
-raw tiles) one CTA per SM does reach it. It copies, reads and sums the batch-64 rows in 28.1 us, and batch 128 in
-51.2 (``benchmarks/bulk_gather.py``). Such a ring's rows are linear, not wgmma's layout, so the way on is that ring
-feeding register operands, as in ``mla-sync``. Twenty-sixth session: that kernel (``benchmarks/proto_bulk_fp8.py``,
-in git history; one bulk copy per row, 4 math warps on ``mma_v2`` with every operand converted from the raw bytes)
-is correct; alone it takes 20.1 / 34.3 / 61.7 us at batch 32 / 64 / 128 against this kernel's 21.6 / 36.9 / 65.6 (merge included),
-and its separate merge kernel brings it back to parity. Its copies alone take 12.6 / 27.2 / 49.9: the math adds
-0.4-0.5 us per tile that four warps do not hide. Twenty-seventh session: finishing the call in that kernel (the output written directly at
-one split; the last program's merge at more) and each math thread releasing its stage by its own arrival bring it to
-22.9 / 35.5 / 60.1 us, against 22.0 / 37.2 / 65.6 here (-4.6% at batch 64, -8.4% at batch 128, +4% at batch 32).
-Two math groups on alternate tiles and a loop unrolled by two were 20-30% slower. Twenty-eighth session: with each
-tile's index entries loaded two per lane and their validity passed by warp ballots it takes 21.7 / 34.3 / 55.7 us
-(-7% / -15% at batch 64 / 128); it is now :mod:`dsa.mla.kernel_bulk`, which serves 16-head fp8 decode where it is
-faster (:func:`dsa.mla.kernel_bulk.serves`).
+What bounds it, and what was tried: BENCHMARKS.md ("Where each goal stands"; every idea measured and not kept, with
+its numbers and session, in "Sparse MLA: ideas measured and not kept"). In short, for small-head fp8 decode: per
+64-row tile about 290 KB pass through the SM's shared-memory path (128 bytes per clock): the raw rows through L1, the
+bf16 tile stored, and both products' operands, since a wgmma with A in shared memory and N of 16-32 is bound by that
+path (an m64n16k16 takes 21.6 clocks, 37% of the tensor peak: ``benchmarks/mma_small_n.py``). That is about 2,260
+clocks, as long as the tile's share of DRAM at 4.3 TB/s, while the math warpgroup's serial chain (QK, softmax, P.V)
+takes about 3,700 clocks per tile at 16 heads and 4,400 at 32, and with two tile buffers neither it nor the
+producers' fill can run ahead. Kernels with no bf16 tile, their operands converted in registers from the raw rows, are
+bound by their row copies instead: :mod:`dsa.mla.kernel_bulk` (mma.sync on a ring of bulk row copies) is one, and
+serves 1-16-head fp8 decode from batch 32.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
