@@ -4,7 +4,10 @@ in interleaved rounds, on the goal shapes that run in one split and on the shape
 
     python benchmarks/ab_mla_order.py [ROUNDS]
 
-Prints per case and variant (bucket count, ``off``: as given) the median µs (do_bench; CUDA-graph replays for
+Variants: ``off`` (the lists as given), ``bN`` (grouped into N ranges), ``bNs`` (the same in serpentine order,
+``ORDER_SERPENTINE``: in the rows of odd waves, one program per SM each, the ranges from the top down).
+
+Prints per case and variant the median µs (do_bench; CUDA-graph replays for
 decode rows) including the grouping kernel, its change against ``off``, the grouping kernel alone, the largest
 difference to the ungrouped output, and whether the automatic rule groups.
 """
@@ -21,7 +24,18 @@ from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
 from dsa.mla import kernel as K  # noqa: E402
 from dsa.mla.order import order_indices  # noqa: E402
 
-VARIANTS = {"off": 0, "b2": 2, "b4": 4, "b8": 8}
+VARIANTS = {"off": (0, False), "b2": (2, False), "b4": (4, False), "b8": (8, False), "b4s": (4, True),
+            "b8s": (8, True)}
+
+
+def grouped_call(q, flat, idx, sm, out, buckets, serpentine):
+    K.ORDER_SERPENTINE = serpentine
+    try:
+        return K.sparse_mla_triton(q, flat, idx, sm, out=out, order=buckets)
+    finally:
+        K.ORDER_SERPENTINE = False
+
+
 # (name, T, h_q, topk, num_req, s_kv, format)
 CASES = [(n, *MLA_SHAPES[n]) for n in MLA_SHAPES if MLA_SHAPES[n][0] >= 256]
 CASES += [(f"prefill_bf16_h{h}_T{t}", t, h, 2048, 1, 131072, "bf16") for h in (16, 128) for t in (512, 1024)]
@@ -33,6 +47,7 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     names = [a for a in sys.argv[2:]]
     sm = 192 ** -0.5
+    sms = torch.cuda.get_device_properties(0).multi_processor_count  # one wave: a program per SM
     table = []
     for name, T, h, topk, nreq, s_kv, fmt in CASES:
         if names and name not in names:
@@ -40,8 +55,7 @@ def main():
         q, kv, idx = mla_inputs(T, h, topk, nreq, s_kv, fmt, block_size=64)
         flat = kv.reshape(-1, kv.shape[-1])
         outs = {v: torch.full((T, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda") for v in VARIANTS}
-        fns = {v: (lambda v=v: K.sparse_mla_triton(q, flat, idx, sm, out=outs[v], order=VARIANTS[v]))
-               for v in VARIANTS}
+        fns = {v: (lambda v=v: grouped_call(q, flat, idx, sm, outs[v], *VARIANTS[v])) for v in VARIANTS}
         for v in VARIANTS:
             fns[v]()
         torch.cuda.synchronize()
@@ -53,8 +67,9 @@ def main():
             for v in VARIANTS:
                 f = fns[v]
                 times[v].append(1e3 * (do_bench_cudagraph(f, rep=100) if graph else do_bench(f, rep=200)))
-        t_ord = {v: 1e3 * do_bench(lambda n=n: order_indices(idx, flat.shape[0], None, n), rep=50)
-                 for v, n in VARIANTS.items() if n}
+        t_ord = {v: 1e3 * do_bench(lambda n=n, w=w: order_indices(idx, flat.shape[0], None, n, wave=sms * w,
+                                                                   groups=-(-h // 64)), rep=50)
+                 for v, (n, w) in VARIANTS.items() if n}
         auto = K.order_pays(T, 1, topk, flat.shape[0], flat.shape[1] * flat.element_size())
         med = {v: sorted(x)[rounds // 2] for v, x in times.items()}
         table.append((name, med, t_ord, diff, ok, auto))
@@ -62,7 +77,7 @@ def main():
               {k: round(v, 1) for k, v in t_ord.items()}, flush=True)
         q = kv = idx = flat = outs = fns = None
         torch.cuda.empty_cache()
-    print(f"\n{'case':<24} " + " ".join(f"{v:>13}" for v in VARIANTS) + "  order-kernel µs (b2/4/8)   diff  ok auto")
+    print(f"\n{'case':<24} " + " ".join(f"{v:>13}" for v in VARIANTS) + "  order-kernel µs (" + "/".join(v for v in VARIANTS if v != "off") + ")   diff  ok auto")
     for name, med, t_ord, d, ok, auto in table:
         cells = [f"{med[v]:7.1f} {100 * (med[v] / med['off'] - 1):+5.1f}" if v != "off" else f"{med[v]:13.1f}"
                  for v in VARIANTS]

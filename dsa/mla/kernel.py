@@ -469,6 +469,10 @@ def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, for
 #: in one split over a cache of at least this many bytes (see :func:`order_pays`).
 ORDER_MIN_T = 512
 ORDER_MIN_CACHE_BYTES = 128 << 20
+#: grouped lists in serpentine order (``order_indices``' ``wave``: one wave = one program per SM, as the Hopper
+#: kernels run; the rows of odd waves take their ranges from the top down). Off until measured on the H200
+#: (``benchmarks/ab_mla_order.py``'s ``b4s``).
+ORDER_SERPENTINE = False
 
 
 def order_pays(T: int, num_splits: int, topk: int, S: int, row_bytes: int) -> bool:
@@ -509,7 +513,8 @@ def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, nu
     S, topk = kv.shape[0], indices.shape[1]
     out, max_logits, lse = outputs(T, h_q, d_v, q.device, out)
     if order is None and order_pays(T, 1, topk, S, kv.shape[1] * kv.element_size()):
-        indices, order = order_indices(indices, S, topk_length), False
+        wave = _num_sms(q.device) if ORDER_SERPENTINE else 0
+        indices, order = order_indices(indices, S, topk_length, wave=wave), False
     config = {k: v for k, v in (config or {}).items() if k != "slice_heads"} or None
     h_main = h_q // 64 * 64
     for a, b in ((0, h_main), (h_main, h_q)):
@@ -590,7 +595,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
             order_ = order_pays(T, num_splits, topk, S, kv.shape[1] * kv.element_size())
         idx = indices
         if order_:
-            idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_))
+            idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_),
+                                wave=_num_sms(dev) if ORDER_SERPENTINE else 0, groups=n_hg)
         has_len = topk_length is not None
         has_sink = attn_sink is not None
         dummy = lse
