@@ -16,7 +16,7 @@ from dsa.mla.kernel import order_pays, sparse_mla_triton
 from dsa.mla.order import INVALID, MAX_ORDER_TOPK, order_indices, order_indices_ref
 from dsa.mla import sparse_mla_ref
 from test_mla import assert_matches, make_case, make_indices, max_abs_v
-from utils import DEVICE, gen, poison_
+from utils import BENCHMARKS, DEVICE, gen, poison_
 
 
 def _lists(T, topk, S, seed, with_len):
@@ -47,6 +47,25 @@ def test_order_kernel_matches_reference(T, topk, S, with_len, buckets):
     assert torch.equal(idx, before)
 
 
+@pytest.mark.parametrize("wave,groups", [(1, 1), (2, 1), (3, 2), (4, 3)])
+def test_order_kernel_serpentine_matches_reference(wave, groups):
+    """The serpentine order (``wave``: rows whose first program falls in an odd wave take their ranges from the top
+    down) bit for bit against the reference, over the same hard rows; the output poisoned first. Rows of even waves
+    are the plain grouping."""
+    T, topk, S = 9, 300, 70000
+    idx, ln = _lists(T, topk, S, seed=wave * 10 + groups, with_len=True)
+    want = order_indices_ref(idx, S, ln, 4, wave=wave, groups=groups)
+    out = poison_(torch.empty(T, topk, dtype=torch.int32, device=DEVICE))
+    assert order_indices(idx, S, ln, 4, out=out, wave=wave, groups=groups) is out
+    assert torch.equal(out, want)
+    plain = order_indices_ref(idx, S, ln, 4)
+    odd = [(t * groups) // wave % 2 == 1 for t in range(T)]
+    assert any(odd) and not all(odd)
+    for t in range(T):
+        if not odd[t]:
+            assert torch.equal(want[t], plain[t])
+
+
 def test_order_kernel_strided_rows():
     idx, ln = _lists(3, 200, 5000, seed=3, with_len=True)
     wide = torch.full((3, 256), -1, dtype=torch.int32, device=DEVICE)
@@ -54,14 +73,15 @@ def test_order_kernel_strided_rows():
     assert torch.equal(order_indices(wide[:, :200], 5000, ln), order_indices_ref(idx, 5000, ln))
 
 
-@pytest.mark.parametrize("buckets", [1, 2, 4, 8])
-def test_order_reference_is_a_grouping(buckets):
+@pytest.mark.parametrize("buckets,wave", [(1, 0), (2, 0), (4, 0), (8, 0), (4, 2), (8, 1)])
+def test_order_reference_is_a_grouping(buckets, wave):
     """What the grouping promises, checked from its definition on the reference: each row's valid entries (as a
-    multiset) first, their slot ranges non-decreasing and each range's entries in their original order, at most
-    ``buckets`` ranges and at least half that (a row spanning more than ``buckets`` slots), then INVALID."""
+    multiset) first, their slot ranges non-decreasing (non-increasing in the rows of odd waves, with ``wave``) and
+    each range's entries in their original order, at most ``buckets`` ranges and at least half that (a row spanning
+    more than ``buckets`` slots), then INVALID."""
     T, topk, S = 6, 400, 70000
     idx, ln = _lists(T, topk, S, seed=buckets, with_len=True)
-    got = order_indices_ref(idx, S, ln, buckets).cpu()
+    got = order_indices_ref(idx, S, ln, buckets, wave=wave).cpu()
     idx, ln = idx.cpu(), ln.cpu()
     for t in range(T):
         row = idx[t].tolist()
@@ -76,7 +96,7 @@ def test_order_reference_is_a_grouping(buckets):
         while (hi - lo) // width >= buckets:
             width *= 2
         ranges = [(x - lo) // width for x in out[:len(valid)]]
-        assert ranges == sorted(ranges)
+        assert ranges == sorted(ranges, reverse=wave > 0 and (t // wave) % 2 == 1)
         assert max(ranges) < buckets and (hi - lo < buckets or max(ranges) >= buckets // 2)
         for r in set(ranges):
             assert [x for x in out[:len(valid)] if (x - lo) // width == r] == \
@@ -115,6 +135,10 @@ def test_order_rejects():
         order_indices(torch.zeros(1, MAX_ORDER_TOPK + 1, dtype=torch.int32, device=DEVICE), 10)
     with pytest.raises(ValueError, match="out"):
         order_indices(idx, 10, out=torch.empty(2, 9, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="wave"):
+        order_indices(idx, 10, wave=-1)
+    with pytest.raises(ValueError, match="groups"):
+        order_indices(idx, 10, wave=4, groups=0)
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
@@ -135,6 +159,51 @@ def test_sparse_mla_with_order(kv_format, h_q):
     assert_matches(got, plain, max_abs_v(kv, idx, flat.shape[0]), "order on vs off")
 
 
+@pytest.mark.parametrize("h_q", [16, 96])
+def test_sparse_mla_serpentine(h_q, monkeypatch):
+    """Sparse MLA with the grouping in serpentine order (``ORDER_SERPENTINE``, waves of 2 programs here, so that
+    odd waves occur), the heads whole and sliced (96 = 64 + 32): the lists it attends over are those of
+    ``order_indices`` with that wave, and the results match the reference and the call without grouping."""
+    import dsa.mla.kernel as K
+
+    seen = []
+    real = K.order_indices
+    monkeypatch.setattr(K, "ORDER_SERPENTINE", True)
+    monkeypatch.setattr(K, "_num_sms", lambda dev: 2)
+    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (seen.append(k.get("wave")), real(*a, **k))[1])
+    config = None
+    if h_q == 96:  # the two slices share one grouping, made before them
+        monkeypatch.setattr(K, "order_pays", lambda *a: True)
+        config = dict(slice_heads=True)
+    T = 5
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, 150, 700, "bf16", seed=h_q, empty_rows=(2,), with_len=True,
+                                          with_sink=True)
+    flat = ref_mod.flat_kv(kv)
+    out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
+    got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, order=None if h_q == 96 else 4, config=config)
+    assert seen == [2]
+    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    assert_matches(got, want, max_abs_v(kv, idx, flat.shape[0]), f"serpentine h_q={h_q}")
+    plain = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, order=False, config=config)
+    assert_matches(got, plain, max_abs_v(kv, idx, flat.shape[0]), "serpentine vs off")
+
+
+def test_l2_model_of_the_grouping():
+    """``benchmarks/l2_order_sim.py``, the CPU model behind the grouping's predictions, at a small scale (24 programs,
+    4 waves, a 16K-row cache, a 3 MB LRU): grouped lists hit more than the lists as given, and the serpentine order
+    more than the plain grouping (its rows differ from the plain grouping's only in the odd waves)."""
+    sys.path.insert(0, BENCHMARKS)
+    import l2_order_sim as M
+
+    T, topk, S, sms = 96, 512, 16384, 24
+    idx = M.random_lists(T, topk, S)
+    assert all(len(set(r)) == topk for r in idx.tolist())
+    rows = int(3 * 2**20 / M.ROW_BYTES)
+    h = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms) for v in ("off", "b4", "b4s")}
+    assert 0.1 < h["off"] < h["b4"] < h["b4s"] < 0.6, h
+    assert torch.equal(M.variant(idx, S, "b4s", sms)[:sms], M.variant(idx, S, "b4", sms)[:sms])
+
+
 def test_order_pays():
     """Arguments: T, splits, topk, S, row bytes. Prefill-like calls over a cache far past L2 group; decode
     batches, small caches, split calls and single-tile lists do not."""
@@ -148,21 +217,25 @@ def test_order_pays():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("serpentine", [False, True])
 @pytest.mark.parametrize("h_q", [16, 128])
-def test_gpu_public_call_groups(h_q, monkeypatch):
-    """A prefill-like public call (512 tokens, 2048 of 128K bf16 rows: 151 MB) takes the grouping by itself and
-    matches the reference: -1 / >= S entries, topk_length, a sink, an empty row, NaN in unused slots."""
+def test_gpu_public_call_groups(h_q, serpentine, monkeypatch):
+    """A prefill-like public call (512 tokens, 2048 of 128K bf16 rows: 151 MB) takes the grouping by itself (also in
+    serpentine order) and matches the reference: -1 / >= S entries, topk_length, a sink, an empty row, NaN in unused
+    slots."""
     import dsa.mla.kernel as K
     from dsa.mla import sparse_mla
 
     calls = []
     real = K.order_indices
-    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (calls.append(a[1]), real(*a, **k))[1])
+    monkeypatch.setattr(K, "ORDER_SERPENTINE", serpentine)
+    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (calls.append((a[1], k.get("wave", 0) > 0)),
+                                                             real(*a, **k))[1])
     T, topk, S = 512, 2048, 1 << 17
     q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "bf16", seed=7, block_size=64, with_len=True,
                                           with_sink=True, empty_rows=(1,))
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
     got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
-    assert calls == [S]
+    assert calls == [(S, serpentine)]
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(got, want, max_abs_v(kv, idx, S), f"grouped h_q={h_q}")
