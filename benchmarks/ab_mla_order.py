@@ -29,11 +29,11 @@ VARIANTS = {"off": (0, False), "b2": (2, False), "b4": (4, False), "b8": (8, Fal
 
 
 def grouped_call(q, flat, idx, sm, out, buckets, serpentine):
-    K.ORDER_SERPENTINE = serpentine
+    before, K.ORDER_SERPENTINE = K.ORDER_SERPENTINE, serpentine
     try:
         return K.sparse_mla_triton(q, flat, idx, sm, out=out, order=buckets)
     finally:
-        K.ORDER_SERPENTINE = False
+        K.ORDER_SERPENTINE = before
 
 
 # (name, T, h_q, topk, num_req, s_kv, format)
@@ -77,7 +77,9 @@ def main():
               {k: round(v, 1) for k, v in t_ord.items()}, flush=True)
         q = kv = idx = flat = outs = fns = None
         torch.cuda.empty_cache()
-    print(f"\n{'case':<24} " + " ".join(f"{v:>13}" for v in VARIANTS) + "  order-kernel µs (" + "/".join(v for v in VARIANTS if v != "off") + ")   diff  ok auto")
+    grouped = "/".join(v for v in VARIANTS if v != "off")
+    print(f"\n{'case':<24} " + " ".join(f"{v:>13}" for v in VARIANTS)
+          + f"  order-kernel µs ({grouped})   diff  ok auto")
     for name, med, t_ord, d, ok, auto in table:
         cells = [f"{med[v]:7.1f} {100 * (med[v] / med['off'] - 1):+5.1f}" if v != "off" else f"{med[v]:13.1f}"
                  for v in VARIANTS]

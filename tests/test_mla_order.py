@@ -54,6 +54,7 @@ def test_order_kernel_serpentine_matches_reference(wave, groups):
     are the plain grouping."""
     T, topk, S = 9, 300, 70000
     idx, ln = _lists(T, topk, S, seed=wave * 10 + groups, with_len=True)
+    ln[4], ln[6] = 0, -1  # lengths that leave nothing valid, beside the empty row 1 and a length past the end
     want = order_indices_ref(idx, S, ln, 4, wave=wave, groups=groups)
     out = poison_(torch.empty(T, topk, dtype=torch.int32, device=DEVICE))
     assert order_indices(idx, S, ln, 4, out=out, wave=wave, groups=groups) is out
@@ -61,6 +62,7 @@ def test_order_kernel_serpentine_matches_reference(wave, groups):
     plain = order_indices_ref(idx, S, ln, 4)
     odd = [(t * groups) // wave % 2 == 1 for t in range(T)]
     assert any(odd) and not all(odd)
+    assert not all(torch.equal(want[t], plain[t]) for t in range(T) if odd[t])
     for t in range(T):
         if not odd[t]:
             assert torch.equal(want[t], plain[t])
@@ -159,18 +161,21 @@ def test_sparse_mla_with_order(kv_format, h_q):
     assert_matches(got, plain, max_abs_v(kv, idx, flat.shape[0]), "order on vs off")
 
 
-@pytest.mark.parametrize("h_q", [16, 96])
-def test_sparse_mla_serpentine(h_q, monkeypatch):
+@pytest.mark.parametrize("h_q,groups", [(16, 1), (128, 2), (96, 1)])
+def test_sparse_mla_serpentine(h_q, groups, monkeypatch):
     """Sparse MLA with the grouping in serpentine order (``ORDER_SERPENTINE``, waves of 2 programs here, so that
-    odd waves occur), the heads whole and sliced (96 = 64 + 32): the lists it attends over are those of
-    ``order_indices`` with that wave, and the results match the reference and the call without grouping."""
+    odd waves occur), one or two head groups per token, and the heads sliced (96 = 64 + 32, one grouping for both
+    calls): the grouping gets the wave and the head groups per token, and the results match the reference and the
+    call without grouping (the attention is a sum over the set of entries: this checks the plumbing, the tests
+    above the order)."""
     import dsa.mla.kernel as K
 
     seen = []
     real = K.order_indices
     monkeypatch.setattr(K, "ORDER_SERPENTINE", True)
     monkeypatch.setattr(K, "_num_sms", lambda dev: 2)
-    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (seen.append(k.get("wave")), real(*a, **k))[1])
+    monkeypatch.setattr(K, "order_indices",
+                        lambda *a, **k: (seen.append((k.get("wave"), k.get("groups", 1))), real(*a, **k))[1])
     config = None
     if h_q == 96:  # the two slices share one grouping, made before them
         monkeypatch.setattr(K, "order_pays", lambda *a: True)
@@ -181,7 +186,7 @@ def test_sparse_mla_serpentine(h_q, monkeypatch):
     flat = ref_mod.flat_kv(kv)
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
     got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, order=None if h_q == 96 else 4, config=config)
-    assert seen == [2]
+    assert seen == [(2, groups)]
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(got, want, max_abs_v(kv, idx, flat.shape[0]), f"serpentine h_q={h_q}")
     plain = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, order=False, config=config)
@@ -201,7 +206,9 @@ def test_l2_model_of_the_grouping():
     rows = int(3 * 2**20 / M.ROW_BYTES)
     h = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms) for v in ("off", "b4", "b4s")}
     assert 0.1 < h["off"] < h["b4"] < h["b4s"] < 0.6, h
-    assert torch.equal(M.variant(idx, S, "b4s", sms)[:sms], M.variant(idx, S, "b4", sms)[:sms])
+    plain, serp = M.variant(idx, S, "b4", sms), M.variant(idx, S, "b4s", sms)
+    assert torch.equal(serp[:sms], plain[:sms]) and torch.equal(serp[2 * sms:3 * sms], plain[2 * sms:3 * sms])
+    assert not any(torch.equal(serp[t], plain[t]) for t in range(sms, 2 * sms))  # every row spans several ranges
 
 
 def test_order_pays():
@@ -229,13 +236,13 @@ def test_gpu_public_call_groups(h_q, serpentine, monkeypatch):
     calls = []
     real = K.order_indices
     monkeypatch.setattr(K, "ORDER_SERPENTINE", serpentine)
-    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (calls.append((a[1], k.get("wave", 0) > 0)),
-                                                             real(*a, **k))[1])
+    monkeypatch.setattr(K, "order_indices", lambda *a, **k: (calls.append((a[1], k.get("wave", 0) > 0,
+                                                                            k.get("groups", 1))), real(*a, **k))[1])
     T, topk, S = 512, 2048, 1 << 17
     q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "bf16", seed=7, block_size=64, with_len=True,
                                           with_sink=True, empty_rows=(1,))
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
     got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
-    assert calls == [(S, serpentine)]
+    assert calls == [(S, serpentine, h_q // 64 or 1)]
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(got, want, max_abs_v(kv, idx, S), f"grouped h_q={h_q}")

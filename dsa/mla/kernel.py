@@ -470,8 +470,8 @@ def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, for
 ORDER_MIN_T = 512
 ORDER_MIN_CACHE_BYTES = 128 << 20
 #: grouped lists in serpentine order (``order_indices``' ``wave``: one wave = one program per SM, as the Hopper
-#: kernels run; the rows of odd waves take their ranges from the top down). Off until measured on the H200
-#: (``benchmarks/ab_mla_order.py``'s ``b4s``).
+#: kernels run, in an unsplit launch; the rows of odd waves take their ranges from the top down). Off until measured
+#: on the H200 (``benchmarks/ab_mla_order.py``'s ``b4s``).
 ORDER_SERPENTINE = False
 
 
@@ -596,7 +596,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         idx = indices
         if order_:
             idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_),
-                                wave=_num_sms(dev) if ORDER_SERPENTINE else 0, groups=n_hg)
+                                wave=_num_sms(dev) if ORDER_SERPENTINE and num_splits == 1 else 0, groups=n_hg)
         has_len = topk_length is not None
         has_sink = attn_sink is not None
         dummy = lse

@@ -53,14 +53,15 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 
 What bounds it, and what was tried: BENCHMARKS.md ("Where each goal stands"; every idea measured and not kept, with
 its numbers and session, in "Sparse MLA: ideas measured and not kept"). In short, for small-head fp8 decode: per
-64-row tile about 290 KB pass through the SM's shared-memory path (128 bytes per clock): the raw rows through L1, the
-bf16 tile stored, and both products' operands, since a wgmma with A in shared memory and N of 16-32 is bound by that
-path (an m64n16k16 takes 21.6 clocks, 37% of the tensor peak: ``benchmarks/mma_small_n.py``). That is about 2,260
-clocks, as long as the tile's share of DRAM at 4.3 TB/s, while the math warpgroup's serial chain (QK, softmax, P.V)
-takes about 3,700 clocks per tile at 16 heads and 4,400 at 32, and with two tile buffers neither it nor the
-producers' fill can run ahead. Kernels with no bf16 tile, their operands converted in registers from the raw rows, are
-bound by their row copies instead: :mod:`dsa.mla.kernel_bulk` (mma.sync on a ring of bulk row copies) is one, and
-serves 1-16-head fp8 decode from batch 32.
+64-row tile of a 16-head group about 290 KB pass through the SM's shared-memory path (128 bytes per clock): the raw
+rows through L1, the bf16 tile stored, and both products' operands, since a wgmma with A in shared memory and N of
+16-32 is bound by that path (an m64n16k16 takes 21.6 clocks, 37% of the tensor peak: ``benchmarks/mma_small_n.py``).
+That is about 2,260 clocks (2,300-2,700 counted for 32 heads), as long as the tile's share of DRAM at 4.3 TB/s,
+while the math warpgroup's serial chain (QK, softmax, P.V) takes about 3,700 clocks per tile at 16 heads and 4,400
+at 32, and with two tile buffers neither it nor the producers' fill can run ahead. Kernels with no bf16 tile, their
+operands converted in registers from the raw rows, move far less through that path: :mod:`dsa.mla.kernel_bulk`
+(mma.sync on a ring of bulk row copies) is one, and serves 1-16-head fp8 decode from batch 32; its row copies alone
+take most of its time, and its math, not wholly hidden behind them, is bound by per-sub-partition pipe throughput.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``: these are tested on the GPU against the reference
 and against the Triton kernel (tests/test_mla.py, ``test_gpu_sm90_*``); the CPU CI tests the Triton
