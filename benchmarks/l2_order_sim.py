@@ -10,8 +10,9 @@ do on the GPU. Every row read goes through one LRU cache of ``--l2-mb`` of 1152-
 ``bNs`` (N ranges in serpentine order: the rows of odd waves from the top down).
 
 Calibration (BENCHMARKS.md, forty-fourth session): Nsight Compute measured L2 hit rates of 18.9% ungrouped and 40.9%
-with 4 ranges (sixteenth session, h_q 16). The model gives those at an effective capacity of about 20-25 MB with
-jitter 0.1, not at the H200's whole L2, so hit rates are read from it as differences between variants, not as levels.
+with 4 ranges (sixteenth session, h_q 16). With jitter 0.1 the model matches the grouped rate at an effective
+capacity of about 23 MB, not the H200's whole L2, and there gives 15.5% ungrouped: it under-counts the ungrouped hits.
+So hit rates are read from it as differences between variants, not as levels.
 It knows nothing of DRAM pages or L2 slices: 8 ranges measured slower than 4 (fifteenth session) although the model
 gives them more hits.
 """
