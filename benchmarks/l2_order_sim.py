@@ -1,20 +1,28 @@
 """A CPU model of L2 hits for many-token sparse MLA with its index lists grouped by slot range (:mod:`dsa.mla.order`):
 the prediction to make before timing a grouping variant on the H200 (``benchmarks/ab_mla_order.py``).
 
-    python benchmarks/l2_order_sim.py [--tokens 4096] [--l2-mb 25] [--jitter 0.1] [--variants off,b4,b4s]
+    python benchmarks/l2_order_sim.py [--tokens 4096] [--l2-mb 25] [--jitter 0.1] [--sm-spread 0] [--miss-cost 0]
+                                      [--variants off,b4,b4s,b4d]
 
 The model: one program per SM (132), each taking the next token when it finishes its last, walks its token's list
-in tiles of 64 rows; a tile takes one time unit times ``1 + jitter * N(0, 1)``, so the programs drift apart as they
-do on the GPU. Every row read goes through one LRU cache of ``--l2-mb`` of 1152-byte bf16 rows (the cache: 128K rows,
-151 MB; random lists of 2048 distinct slots). Variants as in ``ab_mla_order.py``: ``off`` (as given), ``bN`` (N ranges),
-``bNs`` (N ranges in serpentine order: the rows of odd waves from the top down).
+in tiles of 64 rows; a tile takes ``rate[sm] * (1 + miss_cost * (misses / 64 - 0.7)) * (1 + jitter * N(0, 1))``
+time units, so the programs drift apart as they do on the GPU: by chance (``--jitter``), by SMs that run
+steadily faster or slower than others (``rate[sm] = 1 + sm_spread * N(0, 1)``), and a tile that misses more takes
+longer (``--miss-cost``; 0.7 reproduces the sixteenth session's time change for its change in DRAM reads), which
+pulls a program that runs ahead of the others back to them. Every row read goes through one LRU cache of
+``--l2-mb`` of 1152-byte bf16 rows (the cache: 128K rows, 151 MB; random lists of 2048 distinct slots). Variants:
+``off`` (as given), ``bN`` (N ranges, as ``ab_mla_order.py``), ``bNs`` (N ranges in serpentine order: the rows of
+odd waves by token index from the top down), ``bNd`` (N ranges, each program choosing its direction when it starts:
+from the top down when the programs running then are, on average, in the upper half of the slots; the kernels do
+not do this: the output would then depend on the schedule, not only on the inputs).
 
-Calibration (BENCHMARKS.md, forty-fourth session): Nsight Compute measured L2 hit rates of 18.9% ungrouped and 40.9%
-with 4 ranges (sixteenth session, h_q 16). With jitter 0.1 the model matches the grouped rate at an effective
-capacity of about 23 MB, not the H200's whole L2, and there gives 15.5% ungrouped: it under-counts the ungrouped hits.
-So hit rates are read from it as differences between variants, not as levels.
+Calibration (BENCHMARKS.md, forty-fourth and forty-fifth sessions): Nsight Compute measured L2 hit rates of 18.9%
+ungrouped and 40.9% with 4 ranges (sixteenth session, h_q 16). The ungrouped rate fixes the effective capacity at
+about 27.5 MB (it hardly depends on the drift); the grouped rate then says how far the programs drift: 2% or 10% of
+jitter alone gives 4 ranges more hits than measured, so the GPU's programs drift more than that. Hit rates are read
+as differences between variants.
 It knows nothing of DRAM pages or L2 slices: 8 ranges measured slower than 4 (fifteenth session) although the model
-gives them more hits.
+gives them more hits under every drift.
 """
 from __future__ import annotations
 
@@ -40,38 +48,61 @@ def random_lists(T: int, topk: int, S: int, seed: int = 0) -> torch.Tensor:
 def variant(idx: torch.Tensor, S: int, name: str, sms: int) -> torch.Tensor:
     if name == "off":
         return idx
-    buckets = int(name[1:].rstrip("s"))
+    buckets = int(name[1:].rstrip("sd"))
     return order_indices_ref(idx, S, None, buckets, wave=sms if name.endswith("s") else 0)
 
 
 def hit_rate(idx: torch.Tensor, l2_rows: int, sms: int = 132, tile: int = 64, jitter: float = 0.1,
-             seed: int = 1) -> float:
-    """The fraction of row reads that find the row in the LRU cache (see the module docstring)."""
+             seed: int = 1, sm_spread: float = 0.0, miss_cost: float = 0.0, follow: bool = False,
+             slots: int = 131072) -> tuple[float, float]:
+    """``(hit rate, time)``: the fraction of row reads that find the row in the LRU cache, and when the last program
+    ends, in tile times (see the module docstring). ``follow``: each program walks its tiles from the last one down
+    when the programs running at its start are, on average, in the upper half of the slots."""
     g = torch.Generator().manual_seed(seed)
     rows = idx.tolist()
     T, n_tiles = len(rows), -(-len(rows[0]) // tile)
+    rate = [max(0.5, 1.0 + sm_spread * torch.randn((), generator=g).item()) for _ in range(sms)]
+    where: list = [None] * sms  # each SM's program: the mean slot of its last tile, as a fraction of the cache
+    down: dict = {}
+
+    def begin(sm: int, t: int, now: float) -> tuple:
+        running = [w for w in where if w is not None]
+        down[t] = follow and bool(running) and sum(running) / len(running) > 0.5
+        return (now, sm, t, 0)
+
     lru: OrderedDict = OrderedDict()
     hits = reads = 0
-    events = [(0.0, s, s, 0) for s in range(min(sms, T))]
-    nxt = len(events)
+    events = [begin(s, s, 0.0) for s in range(min(sms, T))]
+    heapq.heapify(events)
+    nxt, end = len(events), 0.0
     while events:
         now, sm, t, j = heapq.heappop(events)
-        for r in rows[t][j * tile:(j + 1) * tile]:
+        jj = n_tiles - 1 - j if down[t] else j
+        part = rows[t][jj * tile:(jj + 1) * tile]
+        misses = 0
+        for r in part:
             reads += 1
             if r in lru:
                 hits += 1
                 lru.move_to_end(r)
             else:
+                misses += 1
                 lru[r] = None
                 if len(lru) > l2_rows:
                     lru.popitem(last=False)
-        later = now + 1.0 + jitter * torch.randn((), generator=g).item()
+        where[sm] = sum(part) / len(part) / slots
+        took = (rate[sm] * (1.0 + miss_cost * (misses / len(part) - 0.7))
+                * (1.0 + jitter * torch.randn((), generator=g).item()))
+        later = now + max(took, 0.05)
+        end = max(end, later)
         if j + 1 < n_tiles:
             heapq.heappush(events, (later, sm, t, j + 1))
         elif nxt < T:
-            heapq.heappush(events, (later, sm, nxt, 0))
+            heapq.heappush(events, begin(sm, nxt, later))
             nxt += 1
-    return hits / reads
+        else:
+            where[sm] = None
+    return hits / reads, end
 
 
 def main(argv=None) -> None:
@@ -81,18 +112,22 @@ def main(argv=None) -> None:
     ap.add_argument("--slots", type=int, default=131072)
     ap.add_argument("--l2-mb", type=float, default=25.0)
     ap.add_argument("--jitter", type=float, default=0.1)
+    ap.add_argument("--sm-spread", type=float, default=0.0)
+    ap.add_argument("--miss-cost", type=float, default=0.0)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--variants", default="off,b2,b4,b8,b2s,b4s,b8s")
     a = ap.parse_args(argv)
     idx = random_lists(a.tokens, a.topk, a.slots)
     l2_rows = int(a.l2_mb * 2**20 / ROW_BYTES)
-    print(f"# {a.tokens} tokens x {a.topk} of {a.slots} rows, {a.sms} programs, LRU {a.l2_mb} MB, jitter {a.jitter}")
-    print(f"{'variant':<8} {'hit rate':>9} {'misses vs 1st':>14}")
+    print(f"# {a.tokens} tokens x {a.topk} of {a.slots} rows, {a.sms} programs, LRU {a.l2_mb} MB, jitter {a.jitter}, "
+          f"SM spread {a.sm_spread}, miss cost {a.miss_cost}")
+    print(f"{'variant':<8} {'hit rate':>9} {'misses vs 1st':>14} {'time vs 1st':>12}")
     base = None
     for name in a.variants.split(","):
-        h = hit_rate(variant(idx, a.slots, name, a.sms), l2_rows, a.sms, jitter=a.jitter)
-        base = 1 - h if base is None else base
-        print(f"{name:<8} {h:9.3f} {(1 - h) / base:14.3f}", flush=True)
+        h, end = hit_rate(variant(idx, a.slots, name, a.sms), l2_rows, a.sms, jitter=a.jitter, sm_spread=a.sm_spread,
+                          miss_cost=a.miss_cost, follow=name.endswith("d"), slots=a.slots)
+        base = (1 - h, end) if base is None else base
+        print(f"{name:<8} {h:9.3f} {(1 - h) / base[0]:14.3f} {end / base[1]:12.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Run one sparse-MLA shape a few times, for Nsight Compute to profile (hardware counters).
 
-    python benchmarks/profile_mla.py SHAPE [bf16] [unordered]  # plain run (compiles, then 2 calls)
+    python benchmarks/profile_mla.py SHAPE [bf16] [unordered | order=VARIANT]  # plain run (compiles, then 2 calls)
     ncu --clock-control none -k "regex:_sparse_mla_(fwd|sm90)" --launch-skip 1 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \\
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
@@ -13,8 +13,9 @@ warpgroup's stalls from the math warps'.)
 
 SHAPE is a row of `dsa bench --kernels mla` (dsa.bench.MLA_SHAPES: random index lists, all valid);
 ``bf16`` runs it over the bf16 cache instead; ``unordered`` without the grouping of the index lists by slot range
-that many-token calls take by default (:func:`dsa.mla.kernel.order_pays`). (The 2026-12-01 profiles used T 2048 for
-prefill h128.)
+that many-token calls take by default (:func:`dsa.mla.kernel.order_pays`); ``order=VARIANT`` with a grouping of
+``benchmarks/ab_mla_order.py`` (``off``, ``b4``, ``b8s``, ...; ``benchmarks/profile_order.py`` profiles them all). (The
+2026-12-01 profiles used T 2048 for prefill h128.)
 BENCHMARKS.md (2026-12-01, third session) has what these profiles showed on the H200.
 
 Where a kernel stands against the memory system (BENCHMARKS.md, thirteenth session, call 5): replace the sections
@@ -36,18 +37,28 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
 from dsa.mla.kernel import sparse_mla_triton  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_mla_order import VARIANTS, grouped_call  # noqa: E402
 
 
 def main():
     opts = sys.argv[2:]
-    if len(sys.argv) < 2 or sys.argv[1] not in MLA_SHAPES or not set(opts) <= {"bf16", "unordered"}:
-        sys.exit(f"usage: python benchmarks/profile_mla.py {{{','.join(MLA_SHAPES)}}} [bf16] [unordered]")
+    orders = [o for o in opts if o.startswith("order=")]
+    variant = orders[0][len("order="):] if orders else None
+    bad_order = len(orders) > 1 or (orders and "unordered" in opts) or (variant is not None and variant not in VARIANTS)
+    if len(sys.argv) < 2 or sys.argv[1] not in MLA_SHAPES or not set(opts) - set(orders) <= {"bf16", "unordered"} \
+            or bad_order:
+        sys.exit(f"usage: python benchmarks/profile_mla.py {{{','.join(MLA_SHAPES)}}} [bf16] "
+                 f"[unordered | order={{{','.join(VARIANTS)}}}]")
     T, h, topk, nreq, s_kv, fmt = MLA_SHAPES[sys.argv[1]]
     fmt = "bf16" if "bf16" in opts else fmt  # e.g. a decode shape over the bf16 cache
     q, kv, idx = mla_inputs(T, h, topk, nreq, s_kv, fmt, dev="cuda")
     flat = kv.reshape(-1, kv.shape[-1])
     for _ in range(2):  # (unordered: without the grouping by slot range that many-token calls take by default)
-        sparse_mla_triton(q, flat, idx, 192 ** -0.5, order=False if "unordered" in opts else None)
+        if variant is not None:
+            grouped_call(q, flat, idx, 192 ** -0.5, None, *VARIANTS[variant])
+        else:
+            sparse_mla_triton(q, flat, idx, 192 ** -0.5, order=False if "unordered" in opts else None)
     torch.cuda.synchronize()
 
 

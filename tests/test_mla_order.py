@@ -196,7 +196,9 @@ def test_sparse_mla_serpentine(h_q, groups, monkeypatch):
 def test_l2_model_of_the_grouping():
     """``benchmarks/l2_order_sim.py``, the CPU model behind the grouping's predictions, at a small scale (24 programs,
     4 waves, a 16K-row cache, a 3 MB LRU): grouped lists hit more than the lists as given, and the serpentine order
-    more than the plain grouping (its rows differ from the plain grouping's only in the odd waves)."""
+    more than the plain grouping (its rows differ from the plain grouping's only in the odd waves). Programs that
+    choose their direction at their start (``bNd``) do as well as serpentine while the waves stay aligned. The tile
+    times depend on the order only through the miss cost."""
     sys.path.insert(0, BENCHMARKS)
     import l2_order_sim as M
 
@@ -204,11 +206,50 @@ def test_l2_model_of_the_grouping():
     idx = M.random_lists(T, topk, S)
     assert all(len(set(r)) == topk for r in idx.tolist())
     rows = int(3 * 2**20 / M.ROW_BYTES)
-    h = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms) for v in ("off", "b4", "b4s")}
+    run = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms, follow=v.endswith("d"), slots=S)
+           for v in ("off", "b4", "b4s", "b4d")}
+    h = {v: r[0] for v, r in run.items()}
     assert 0.1 < h["off"] < h["b4"] < h["b4s"] < 0.6, h
+    assert h["b4d"] > h["b4"] + 0.03 and abs(h["b4d"] - h["b4s"]) < 0.02, h
+    assert len({r[1] for r in run.values()}) == 1  # no miss cost: the same tile times whatever the order
     plain, serp = M.variant(idx, S, "b4", sms), M.variant(idx, S, "b4s", sms)
     assert torch.equal(serp[:sms], plain[:sms]) and torch.equal(serp[2 * sms:3 * sms], plain[2 * sms:3 * sms])
     assert not any(torch.equal(serp[t], plain[t]) for t in range(sms, 2 * sms))  # every row spans several ranges
+    costly = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms, slots=S, miss_cost=0.7, sm_spread=0.05)
+              for v in ("off", "b4")}
+    assert costly["b4"][1] < costly["off"][1] and costly["b4"][0] > costly["off"][0], costly
+
+
+def test_order_profiler_reads_ncu_csv(tmp_path, monkeypatch):
+    """``benchmarks/profile_order.py`` (Nsight Compute per grouping, for the next device call) reads ncu's CSV: the
+    metrics in whatever units ncu chose, other lines (ncu's own, the program's) skipped. A stand-in ``ncu`` prints
+    what ncu prints and records its arguments."""
+    sys.path.insert(0, BENCHMARKS)
+    import profile_order as P
+
+    fake = tmp_path / "ncu"
+    fake.write_text(f"""#!{sys.executable}
+import csv, sys
+open({str(tmp_path / "args")!r}, "w").write(" ".join(sys.argv[1:]))
+print("==PROF== Connected to process 1")
+print("some output of the program")
+w = csv.writer(sys.stdout, quoting=csv.QUOTE_ALL)
+w.writerow(["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+for r in [("gpu__time_duration.sum", "usecond", "1,620.50"),
+          ("sm__cycles_elapsed.avg.per_second", "cycle/nsecond", "1.78"),
+          ("dram__bytes_read.sum", "Gbyte", "4.57"), ("lts__t_bytes.sum", "Mbyte", "13,030.00"),
+          ("lts__t_sector_hit_rate.pct", "%", "40.90"),
+          ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "%", "88.6"), ("other.metric", "byte", "7")]:
+    w.writerow(["0", "_sparse_mla_sm90_kernel", "Command line profiler metrics", *r])
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    got = P.profile("prefill_bf16_h16", "b4s")
+    assert got == pytest.approx({"ms": 1.6205, "SM GHz": 1.78, "DRAM read GB": 4.57, "L2 GB": 13.03, "L2 hit %": 40.9,
+                                 "L2 % peak": 88.6}), got
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS)
+    assert args[-3:] == ["prefill_bf16_h16", "bf16", "order=b4s"]
 
 
 def test_order_pays():

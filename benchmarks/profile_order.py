@@ -1,0 +1,77 @@
+"""Nsight Compute on many-token sparse MLA under each grouping of its index lists: does each order hit L2 as
+``benchmarks/l2_order_sim.py`` predicts, and does the time follow the DRAM reads? H200, one launch per variant
+(the second call's forward kernel, ``--clock-control none``), through ``benchmarks/profile_mla.py``.
+
+    python benchmarks/profile_order.py [SHAPE] [VARIANTS]     # default: prefill_bf16_h16 off,b4,b8,b4s,b8s
+
+SHAPE is a row of ``dsa bench --kernels mla`` (over the bf16 cache, whatever its format); VARIANTS are those of
+``benchmarks/ab_mla_order.py``. Prints per variant the kernel's time and SM clock, DRAM bytes read, L2 bytes, L2 hit
+rate, and L2 and DRAM throughput as % of their peaks (the sixteenth session's metrics).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+METRICS = {  # ncu metric: (column, scale to the printed unit)
+    "gpu__time_duration.sum": ("ms", 1e3),
+    "sm__cycles_elapsed.avg.per_second": ("SM GHz", 1e-9),
+    "dram__bytes_read.sum": ("DRAM read GB", 1e-9),
+    "lts__t_bytes.sum": ("L2 GB", 1e-9),
+    "lts__t_sector_hit_rate.pct": ("L2 hit %", 1.0),
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("L2 % peak", 1.0),
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM % peak", 1.0),
+}
+PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "n": 1e-9, "u": 1e-6, "m": 1e-3}
+
+
+def _scale(unit: str) -> float:
+    for base in ("byte", "second", "cycle", "hz", "Hz"):
+        if unit.endswith(base):
+            return PREFIX.get(unit[: len(unit) - len(base)], 1.0)
+    return 1.0
+
+
+def to_base(value: str, unit: str) -> float:
+    """A value of ncu's CSV in base units (bytes, seconds, cycles per second, %): ``Gbyte``, ``usecond``,
+    ``cycle/nsecond``, ``Ghz`` ..."""
+    v = float(value.replace(",", ""))
+    if unit in ("%", ""):
+        return v
+    num, _, den = unit.partition("/")
+    return v * _scale(num) / (_scale(den) if den else 1.0)
+
+
+def profile(shape: str, variant: str) -> dict:
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = ["ncu", "--clock-control", "none", "--csv", "-k", "regex:_sparse_mla_(fwd|sm90)", "--launch-skip", "1",
+           "--launch-count", "1", "--metrics", ",".join(METRICS), sys.executable,
+           os.path.join(here, "profile_mla.py"), shape, "bf16", f"order={variant}"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [r for r in csv.reader(line for line in run.stdout.splitlines() if line.startswith('"'))]
+    if not rows or "Metric Name" not in rows[0]:
+        sys.exit(f"ncu gave no metrics for {variant} (rc {run.returncode}):\n{run.stdout[-2000:]}\n"
+                 f"{run.stderr[-2000:]}")
+    head = rows[0]
+    name, unit, value = (head.index(k) for k in ("Metric Name", "Metric Unit", "Metric Value"))
+    got = {r[name]: to_base(r[value], r[unit]) for r in rows[1:] if r[name] in METRICS}
+    return {METRICS[m][0]: got[m] * METRICS[m][1] for m in METRICS if m in got}
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    shape = argv[0] if argv else "prefill_bf16_h16"
+    variants = (argv[1] if len(argv) > 1 else "off,b4,b8,b4s,b8s").split(",")
+    cols = [c for c, _ in METRICS.values()]
+    print(f"# {shape} over the bf16 cache, one launch per variant (Nsight Compute)")
+    print("| variant | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for v in variants:
+        got = profile(shape, v)
+        print(f"| {v} | " + " | ".join(f"{got[c]:.3f}" if c in got else "-" for c in cols) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
