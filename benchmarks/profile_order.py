@@ -6,7 +6,10 @@
 
 SHAPE is a row of ``dsa bench --kernels mla`` (over the bf16 cache, whatever its format); VARIANTS are those of
 ``benchmarks/ab_mla_order.py``. Prints per variant the kernel's time and SM clock, DRAM bytes read, L2 bytes, L2 hit
-rate, and L2 and DRAM throughput as % of their peaks (the sixteenth session's metrics).
+rate, and L2 and DRAM throughput as % of their peaks (the sixteenth session's metrics), and where this ncu has them
+(``ncu --query-metrics``; ``-`` otherwise) the L2 sectors that SMs requested (``tex``) and the requests that crossed
+from one L2 partition to the other (``ltcfabric``): the H200's L2 is two partitions, and a row homed in the far one
+costs a crossing.
 """
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ METRICS = {  # ncu metric: (column, scale to the printed unit)
     "lts__t_sector_hit_rate.pct": ("L2 hit %", 1.0),
     "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("L2 % peak", 1.0),
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM % peak", 1.0),
+}
+#: taken where ``ncu --query-metrics`` lists them (names as public profiles of Hopper and Blackwell use them)
+FABRIC = {
+    "lts__t_sectors_srcunit_tex.sum": ("SM sectors G", 1e-9),
+    "lts__t_requests_srcunit_ltcfabric.sum": ("fabric requests G", 1e-9),
 }
 PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "n": 1e-9, "u": 1e-6, "m": 1e-3}
 
@@ -44,10 +52,18 @@ def to_base(value: str, unit: str) -> float:
     return v * _scale(num) / (_scale(den) if den else 1.0)
 
 
-def profile(shape: str, variant: str) -> dict:
+def known(metrics: dict) -> dict:
+    """Those of ``metrics`` whose base name (before the first dot) ``ncu --query-metrics`` lists."""
+    run = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
+    names = {line.split()[0] for line in run.stdout.splitlines() if line.strip()}
+    return {m: c for m, c in metrics.items() if m.split(".")[0] in names}
+
+
+def profile(shape: str, variant: str, metrics: dict = METRICS) -> dict:
+    """The ``metrics`` of one launch (see the module docstring), by column."""
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = ["ncu", "--clock-control", "none", "--csv", "-k", "regex:_sparse_mla_(fwd|sm90)", "--launch-skip", "1",
-           "--launch-count", "1", "--metrics", ",".join(METRICS), sys.executable,
+           "--launch-count", "1", "--metrics", ",".join(metrics), sys.executable,
            os.path.join(here, "profile_mla.py"), shape, "bf16", f"order={variant}"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     rows = [r for r in csv.reader(line for line in run.stdout.splitlines() if line.startswith('"'))]
@@ -56,20 +72,21 @@ def profile(shape: str, variant: str) -> dict:
                  f"{run.stderr[-2000:]}")
     head = rows[0]
     name, unit, value = (head.index(k) for k in ("Metric Name", "Metric Unit", "Metric Value"))
-    got = {r[name]: to_base(r[value], r[unit]) for r in rows[1:] if r[name] in METRICS}
-    return {METRICS[m][0]: got[m] * METRICS[m][1] for m in METRICS if m in got}
+    got = {r[name]: to_base(r[value], r[unit]) for r in rows[1:] if r[name] in metrics}
+    return {metrics[m][0]: got[m] * metrics[m][1] for m in metrics if m in got}
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     shape = argv[0] if argv else "prefill_bf16_h16"
     variants = (argv[1] if len(argv) > 1 else "off,b4,b8,b4s,b8s").split(",")
-    cols = [c for c, _ in METRICS.values()]
+    cols = [c for c, _ in METRICS.values()] + [c for c, _ in FABRIC.values()]
+    metrics = METRICS | known(FABRIC)
     print(f"# {shape} over the bf16 cache, one launch per variant (Nsight Compute)")
     print("| variant | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for v in variants:
-        got = profile(shape, v)
+        got = profile(shape, v, metrics)
         print(f"| {v} | " + " | ".join(f"{got[c]:.3f}" if c in got else "-" for c in cols) + " |", flush=True)
 
 

@@ -222,14 +222,19 @@ def test_l2_model_of_the_grouping():
 
 def test_order_profiler_reads_ncu_csv(tmp_path, monkeypatch):
     """``benchmarks/profile_order.py`` (Nsight Compute per grouping, for the next device call) reads ncu's CSV: the
-    metrics in whatever units ncu chose, other lines (ncu's own, the program's) skipped. A stand-in ``ncu`` prints
-    what ncu prints and records its arguments."""
+    metrics in whatever units ncu chose, other lines (ncu's own, the program's) skipped, and asks only for the
+    optional metrics that ``ncu --query-metrics`` lists. A stand-in ``ncu`` prints what ncu prints and records its
+    arguments."""
     sys.path.insert(0, BENCHMARKS)
     import profile_order as P
 
     fake = tmp_path / "ncu"
     fake.write_text(f"""#!{sys.executable}
 import csv, sys
+if sys.argv[1:] == ["--query-metrics"]:
+    print("Device NVIDIA H200 (GH100)")
+    print("lts__t_sectors_srcunit_tex    Counter    sector    # of LTS sectors from unit TEX")
+    sys.exit(0)
 open({str(tmp_path / "args")!r}, "w").write(" ".join(sys.argv[1:]))
 print("==PROF== Connected to process 1")
 print("some output of the program")
@@ -250,6 +255,10 @@ for r in [("gpu__time_duration.sum", "usecond", "1,620.50"),
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS)
     assert args[-3:] == ["prefill_bf16_h16", "bf16", "order=b4s"]
+    assert P.known(P.FABRIC) == {"lts__t_sectors_srcunit_tex.sum": P.FABRIC["lts__t_sectors_srcunit_tex.sum"]}
+    P.main(["prefill_bf16_h16", "off"])
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS) + ["lts__t_sectors_srcunit_tex.sum"]
 
 
 def test_order_pays():
