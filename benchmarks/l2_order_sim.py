@@ -1,15 +1,15 @@
 """A CPU model of L2 hits for many-token sparse MLA with its index lists grouped by slot range (:mod:`dsa.mla.order`):
 the prediction to make before timing a grouping variant on the H200 (``benchmarks/ab_mla_order.py``).
 
-    python benchmarks/l2_order_sim.py [--tokens 4096] [--l2-mb 25] [--jitter 0.1] [--sm-spread 0] [--miss-cost 0]
+    python benchmarks/l2_order_sim.py [--tokens 4096] [--l2-mb 27.5] [--jitter 0.1] [--sm-spread 0] [--miss-cost 0]
                                       [--variants off,b4,b4s,b4d]
 
 The model: one program per SM (132), each taking the next token when it finishes its last, walks its token's list
 in tiles of 64 rows; a tile takes ``rate[sm] * (1 + miss_cost * (misses / 64 - 0.7)) * (1 + jitter * N(0, 1))``
 time units, so the programs drift apart as they do on the GPU: by chance (``--jitter``), by SMs that run
 steadily faster or slower than others (``rate[sm] = 1 + sm_spread * N(0, 1)``), and a tile that misses more takes
-longer (``--miss-cost``; 0.7 reproduces the sixteenth session's time change for its change in DRAM reads), which
-pulls a program that runs ahead of the others back to them. Every row read goes through one LRU cache of
+longer (``--miss-cost``; 0.7 reproduces the sixteenth session's time change for its change in hits: 13.8% less
+time, 1.88 to 1.62 ms, for 18.9% to 40.9% hits), which pulls a program that runs ahead of the others back to them. Every row read goes through one LRU cache of
 ``--l2-mb`` of 1152-byte bf16 rows (the cache: 128K rows, 151 MB; random lists of 2048 distinct slots). Variants:
 ``off`` (as given), ``bN`` (N ranges, as ``ab_mla_order.py``), ``bNs`` (N ranges in serpentine order: the rows of
 odd waves by token index from the top down), ``bNd`` (N ranges, each program choosing its direction when it starts:
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--slots", type=int, default=131072)
-    ap.add_argument("--l2-mb", type=float, default=25.0)
+    ap.add_argument("--l2-mb", type=float, default=27.5)  # the ungrouped hit rate's fit (module docstring)
     ap.add_argument("--jitter", type=float, default=0.1)
     ap.add_argument("--sm-spread", type=float, default=0.0)
     ap.add_argument("--miss-cost", type=float, default=0.0)
