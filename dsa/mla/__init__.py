@@ -1,6 +1,8 @@
 """Sparse MLA attention over the paged MLA cache (SPEC.md "Sparse MLA attention")."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import backend as _backend
@@ -39,7 +41,7 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
             (contiguous; S = num_blocks·block_size slots).
         indices: ``[T, topk]`` int32 global slots (topk >= 1). Entry j of row t is valid iff
             ``0 <= indices[t, j] < S`` and ``j < topk_length[t]``; invalid entries are skipped.
-        sm_scale: softmax scale (a Python number).
+        sm_scale: softmax scale (a finite Python number > 0).
         d_v: 512 (V = the first 512 values of a cache row).
         attn_sink: optional ``[h_q]`` f32 per-head sink logit (adds ``exp(sink)`` to the denominator).
         topk_length: optional ``[T]`` int32 count of leading entries to use per row.
@@ -76,6 +78,8 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         raise ValueError(f"indices: expected topk (dim 1) >= 1, got {indices.shape[1]}")
     if isinstance(sm_scale, (torch.Tensor, bool)) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale: expected a Python float, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale) or sm_scale <= 0:  # NaN or inf logits would ruin every row's softmax
+        raise ValueError(f"sm_scale: expected a finite number > 0, got {sm_scale!r}")
     if isinstance(d_v, bool) or d_v != D_V:
         raise ValueError(f"d_v: expected {D_V}, got {d_v!r}")
     if attn_sink is not None:
