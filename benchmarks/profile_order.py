@@ -7,9 +7,10 @@
 SHAPE is a row of ``dsa bench --kernels mla`` (over the bf16 cache, whatever its format); VARIANTS are those of
 ``benchmarks/ab_mla_order.py``. Prints per variant the kernel's time and SM clock, DRAM bytes read, L2 bytes, L2 hit
 rate, and L2 and DRAM throughput as % of their peaks (the sixteenth session's metrics), and where this ncu has them
-(``ncu --query-metrics``; ``-`` otherwise) the L2 sectors that SMs requested (``tex``) and the requests that crossed
-from one L2 partition to the other (``ltcfabric``): the H200's L2 is two partitions, and a row homed in the far one
-costs a crossing.
+(``ncu --query-metrics``; ``-`` otherwise) the L2 sectors that SMs requested (``tex``) and the sectors and requests
+that crossed from one L2 partition to the other (``ltcfabric``), with their ratio: the H200's L2 is two partitions,
+and a row homed in the far one that the near one does not hold costs a crossing. ``l2_order_sim.py`` predicts that
+ratio (its lookups per row read, less one) beside the DRAM reads.
 """
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ METRICS = {  # ncu metric: (column, scale to the printed unit)
 #: taken where ``ncu --query-metrics`` lists them (names as public profiles of Hopper and Blackwell use them)
 FABRIC = {
     "lts__t_sectors_srcunit_tex.sum": ("SM sectors G", 1e-9),
+    "lts__t_sectors_srcunit_ltcfabric.sum": ("fabric sectors G", 1e-9),
     "lts__t_requests_srcunit_ltcfabric.sum": ("fabric requests G", 1e-9),
 }
+CROSSINGS = "crossings per SM sector"  # fabric sectors / SM sectors: l2_order_sim.py's lookups per row read, less 1
 PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "n": 1e-9, "u": 1e-6, "m": 1e-3}
 
 
@@ -80,13 +83,15 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     shape = argv[0] if argv else "prefill_bf16_h16"
     variants = (argv[1] if len(argv) > 1 else "off,b4,b8,b4s,b8s").split(",")
-    cols = [c for c, _ in METRICS.values()] + [c for c, _ in FABRIC.values()]
+    cols = [c for c, _ in METRICS.values()] + [c for c, _ in FABRIC.values()] + [CROSSINGS]
     metrics = METRICS | known(FABRIC)
     print(f"# {shape} over the bf16 cache, one launch per variant (Nsight Compute)")
     print("| variant | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for v in variants:
         got = profile(shape, v, metrics)
+        if got.get("SM sectors G") and "fabric sectors G" in got:
+            got[CROSSINGS] = got["fabric sectors G"] / got["SM sectors G"]
         print(f"| {v} | " + " | ".join(f"{got[c]:.3f}" if c in got else "-" for c in cols) + " |", flush=True)
 
 

@@ -195,10 +195,10 @@ def test_sparse_mla_serpentine(h_q, groups, monkeypatch):
 
 def test_l2_model_of_the_grouping():
     """``benchmarks/l2_order_sim.py``, the CPU model behind the grouping's predictions, at a small scale (24 programs,
-    4 waves, a 16K-row cache, a 3 MB LRU): grouped lists hit more than the lists as given, and the serpentine order
-    more than the plain grouping (its rows differ from the plain grouping's only in the odd waves). Programs that
-    choose their direction at their start (``bNd``) do as well as serpentine while the waves stay aligned. The tile
-    times depend on the order only through the miss cost."""
+    4 waves, a 16K-row cache, a 3 MB L2 as one partition): grouped lists hit more than the lists as given, and the
+    serpentine order more than the plain grouping (its rows differ from the plain grouping's only in the odd waves).
+    Programs that choose their direction at their start (``bNd``) do as well as serpentine while the waves stay
+    aligned. The tile times depend on the order only through the miss cost."""
     sys.path.insert(0, BENCHMARKS)
     import l2_order_sim as M
 
@@ -206,21 +206,57 @@ def test_l2_model_of_the_grouping():
     idx = M.random_lists(T, topk, S)
     assert all(len(set(r)) == topk for r in idx.tolist())
     rows = int(3 * 2**20 / M.ROW_BYTES)
-    run = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms, follow=v.endswith("d"), slots=S)
+    run = {v: M.simulate(M.variant(idx, S, v, sms), rows, sms, follow=v.endswith("d"), slots=S, partitions=1)
            for v in ("off", "b4", "b4s", "b4d")}
-    h = {v: r[0] for v, r in run.items()}
+    assert all(r["lookups"] == 1.0 and abs(r["hit"] - r["served"]) < 1e-12 for r in run.values())  # one lookup a row
+    h = {v: r["served"] for v, r in run.items()}
     assert 0.1 < h["off"] < h["b4"] < h["b4s"] < 0.6, h
     assert h["b4d"] > h["b4"] + 0.03 and abs(h["b4d"] - h["b4s"]) < 0.02, h
-    assert len({r[1] for r in run.values()}) == 1  # no miss cost: the same tile times whatever the order
+    assert len({r["time"] for r in run.values()}) == 1  # no miss cost: the same tile times whatever the order
     plain, serp = M.variant(idx, S, "b4", sms), M.variant(idx, S, "b4s", sms)
     assert torch.equal(serp[:sms], plain[:sms]) and torch.equal(serp[2 * sms:3 * sms], plain[2 * sms:3 * sms])
     assert not any(torch.equal(serp[t], plain[t]) for t in range(sms, 2 * sms))  # every row spans several ranges
-    costly = {v: M.hit_rate(M.variant(idx, S, v, sms), rows, sms, slots=S, miss_cost=0.7, sm_spread=0.05)
-              for v in ("off", "b4")}
-    assert costly["b4"][1] < costly["off"][1] and costly["b4"][0] > costly["off"][0], costly
+    costly = {v: M.simulate(M.variant(idx, S, v, sms), rows, sms, slots=S, miss_cost=0.7, sm_spread=0.05,
+                            partitions=1) for v in ("off", "b4")}
+    assert costly["b4"]["time"] < costly["off"]["time"] and costly["b4"]["served"] > costly["off"]["served"], costly
 
 
-def test_order_profiler_reads_ncu_csv(tmp_path, monkeypatch):
+def test_l2_model_partitions():
+    """The model's two L2 partitions: with room for every row, each distinct row comes from DRAM exactly once, and
+    a row read first by one partition's SMs and then by the other's is a far hit (two lookups, one hit); a row
+    homed in the own partition never crosses. At the H200's scale (132 programs, 1024 tokens, 60 MB in two
+    partitions, the default jitter) the model gives the sixteenth session's two profiles of h_q 16 prefill
+    (BENCHMARKS.md, forty-sixth session) without a fitted parameter: the share of row reads served by L2 (1 - DRAM
+    reads / row bytes), L2 lookups per row read (L2 bytes / row bytes) and ncu's hit rate."""
+    sys.path.insert(0, BENCHMARKS)
+    import l2_order_sim as M
+
+    T, topk, S, sms = 48, 256, 4096, 8
+    idx = M.random_lists(T, topk, S, seed=3)
+    r = M.simulate(idx, 10 * S, sms, slots=S, partitions=2)
+    reads, distinct = T * topk, len(set(idx.flatten().tolist()))
+    assert abs(r["served"] - (1 - distinct / reads)) < 1e-12
+    assert 1.0 < r["lookups"] < 1.5 and r["hit"] < r["served"], r
+    # the same list on SM 0 (partition 0) and SM 1 (partition 1) in step, SM 0 reading each tile first: its rows
+    # homed in partition 1 cost it a crossing and are kept there too; SM 1 then finds those in its own partition
+    # and the others (homed in partition 0) behind one crossing
+    same = idx[:1].repeat(2, 1)
+    one = M.simulate(same, 10 * S, 2, jitter=0.0, slots=S, partitions=2)
+    home = torch.randint(0, 2, (S,), generator=torch.Generator().manual_seed(2)).tolist()  # seed + 1, as simulate's
+    far_first = sum(home[x] == 1 for x in same[0].tolist())
+    assert one["served"] == 0.5
+    assert one["lookups"] == (2 * topk + far_first + (topk - far_first)) / (2 * topk), (one, far_first)
+
+    big = M.random_lists(1024, 2048, 131072)
+    l2 = int(60 * 2**20 / M.ROW_BYTES)
+    measured = {"off": (0.262, 1.440, 0.189), "b4": (0.532, 1.334, 0.409)}
+    for v, (served, lookups, hit) in measured.items():
+        got = M.simulate(M.variant(big, 131072, v, 132), l2, 132, partitions=2)
+        assert abs(got["served"] - served) < 0.03 and abs(got["lookups"] - lookups) < 0.02, (v, got)
+        assert abs(got["hit"] - hit) < 0.02, (v, got)
+
+
+def test_order_profiler_reads_ncu_csv(tmp_path, monkeypatch, capsys):
     """``benchmarks/profile_order.py`` (Nsight Compute per grouping, for the next device call) reads ncu's CSV: the
     metrics in whatever units ncu chose, other lines (ncu's own, the program's) skipped, and asks only for the
     optional metrics that ``ncu --query-metrics`` lists. A stand-in ``ncu`` prints what ncu prints and records its
@@ -234,6 +270,7 @@ import csv, sys
 if sys.argv[1:] == ["--query-metrics"]:
     print("Device NVIDIA H200 (GH100)")
     print("lts__t_sectors_srcunit_tex    Counter    sector    # of LTS sectors from unit TEX")
+    print("lts__t_sectors_srcunit_ltcfabric    Counter    sector    # of LTS sectors from unit LTCFABRIC")
     sys.exit(0)
 open({str(tmp_path / "args")!r}, "w").write(" ".join(sys.argv[1:]))
 print("==PROF== Connected to process 1")
@@ -244,7 +281,9 @@ for r in [("gpu__time_duration.sum", "usecond", "1,620.50"),
           ("sm__cycles_elapsed.avg.per_second", "cycle/nsecond", "1.78"),
           ("dram__bytes_read.sum", "Gbyte", "4.57"), ("lts__t_bytes.sum", "Mbyte", "13,030.00"),
           ("lts__t_sector_hit_rate.pct", "%", "40.90"),
-          ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "%", "88.6"), ("other.metric", "byte", "7")]:
+          ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "%", "88.6"), ("other.metric", "byte", "7"),
+          ("lts__t_sectors_srcunit_tex.sum", "sector", "305,000,000"),
+          ("lts__t_sectors_srcunit_ltcfabric.sum", "sector", "99,125,000")]:
     w.writerow(["0", "_sparse_mla_sm90_kernel", "Command line profiler metrics", *r])
 """)
     fake.chmod(0o755)
@@ -255,10 +294,14 @@ for r in [("gpu__time_duration.sum", "usecond", "1,620.50"),
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS)
     assert args[-3:] == ["prefill_bf16_h16", "bf16", "order=b4s"]
-    assert P.known(P.FABRIC) == {"lts__t_sectors_srcunit_tex.sum": P.FABRIC["lts__t_sectors_srcunit_tex.sum"]}
+    listed = ["lts__t_sectors_srcunit_tex.sum", "lts__t_sectors_srcunit_ltcfabric.sum"]
+    assert P.known(P.FABRIC) == {m: P.FABRIC[m] for m in listed}
+    capsys.readouterr()
     P.main(["prefill_bf16_h16", "off"])
     args = (tmp_path / "args").read_text().split()
-    assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS) + ["lts__t_sectors_srcunit_tex.sum"]
+    assert args[args.index("--metrics") + 1].split(",") == list(P.METRICS) + listed
+    row = capsys.readouterr().out.splitlines()[-1].split("|")[1:-1]
+    assert [c.strip() for c in row][-4:] == ["0.305", "0.099", "-", "0.325"]  # crossings: fabric / SM sectors
 
 
 def test_order_pays():
