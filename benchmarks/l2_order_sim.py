@@ -27,8 +27,9 @@ Per variant it prints the fraction of row reads served by L2 (``served``: 1 - DR
 per row read (``lookups``: L2 bytes / row bytes, ignoring the DRAM fills), their hit rate (``hit``: what ncu calls
 the L2 hit rate, a far hit after a near miss counting one miss and one hit) and the modelled time.
 
-Calibration (BENCHMARKS.md, forty-sixth session). Two partitions of 30 MB (the H200's 60 MB L2) with the default
-jitter give, for the sixteenth session's two profiles of h_q 16 prefill (4096 tokens), no parameter fitted:
+Calibration (BENCHMARKS.md, forty-sixth session). Two partitions of 30 MB (60 MB, the GH100 die's whole L2, which
+the H200 is taken to have; ``profile_order.py`` prints the device's own figure) with the default jitter give, for the
+sixteenth session's two profiles of h_q 16 prefill (4096 tokens), no parameter fitted:
 
     | lists     | served: model / measured | lookups: model / measured | hit: model / measured |
     | as given  | 0.270 / 0.262            | 1.426 / 1.440             | 0.189 / 0.189         |

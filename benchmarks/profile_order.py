@@ -79,13 +79,23 @@ def profile(shape: str, variant: str, metrics: dict = METRICS) -> dict:
     return {metrics[m][0]: got[m] * metrics[m][1] for m in metrics if m in got}
 
 
+def l2_mb() -> str:
+    """The device's L2 size in MB as the driver gives it (``l2_order_sim.py`` assumes 60), or ``?``."""
+    try:
+        import torch
+
+        return f"{torch.cuda.get_device_properties(0).L2_cache_size / 2**20:.0f}" if torch.cuda.is_available() else "?"
+    except Exception:  # no torch, no driver: the profile itself will say what is missing
+        return "?"
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     shape = argv[0] if argv else "prefill_bf16_h16"
     variants = (argv[1] if len(argv) > 1 else "off,b4,b8,b4s,b8s").split(",")
     cols = [c for c, _ in METRICS.values()] + [c for c, _ in FABRIC.values()] + [CROSSINGS]
     metrics = METRICS | known(FABRIC)
-    print(f"# {shape} over the bf16 cache, one launch per variant (Nsight Compute)")
+    print(f"# {shape} over the bf16 cache, one launch per variant (Nsight Compute); L2 {l2_mb()} MB")
     print("| variant | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for v in variants:
