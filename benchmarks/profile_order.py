@@ -39,15 +39,15 @@ PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "n": 1e-9, "u": 1e-6
 
 
 def _scale(unit: str) -> float:
-    for base in ("byte", "second", "cycle", "hz", "Hz"):
-        if unit.endswith(base):
-            return PREFIX.get(unit[: len(unit) - len(base)], 1.0)
+    for base in ("byte", "second", "cycle", "hz", "Hz", "s", "B"):  # "s", "B": ncu's short forms ("ns", "GB")
+        if unit.endswith(base) and unit[: len(unit) - len(base)] in PREFIX:
+            return PREFIX[unit[: len(unit) - len(base)]]
     return 1.0
 
 
 def to_base(value: str, unit: str) -> float:
-    """A value of ncu's CSV in base units (bytes, seconds, cycles per second, %): ``Gbyte``, ``usecond``,
-    ``cycle/nsecond``, ``Ghz`` ..."""
+    """A value of ncu's CSV in base units (bytes, seconds, cycles per second, %): ``Gbyte``, ``usecond``, ``ns``
+    (the H200's ncu for ``gpu__time_duration``), ``cycle/nsecond``, ``Ghz`` ..."""
     v = float(value.replace(",", ""))
     if unit in ("%", ""):
         return v

@@ -264,6 +264,12 @@ def test_order_profiler_reads_ncu_csv(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, BENCHMARKS)
     import profile_order as P
 
+    # ncu's units, long and short (the H200's ncu gives gpu__time_duration in "ns")
+    for value, unit, base in [("1,610,976", "ns", 1.610976e-3), ("1,620.50", "usecond", 1.6205e-3), ("2", "ms", 2e-3),
+                              ("4.57", "Gbyte", 4.57e9), ("4.57", "GB", 4.57e9), ("1.78", "cycle/nsecond", 1.78e9),
+                              ("1.78", "Ghz", 1.78e9), ("305", "sector", 305.0), ("88.6", "%", 88.6)]:
+        assert P.to_base(value, unit) == pytest.approx(base), (value, unit)
+
     fake = tmp_path / "ncu"
     fake.write_text(f"""#!{sys.executable}
 import csv, sys
