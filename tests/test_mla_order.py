@@ -170,10 +170,14 @@ def test_sparse_mla_serpentine(h_q, groups, monkeypatch):
     above the order)."""
     import dsa.mla.kernel as K
 
-    seen = []
+    seen, asked = [], []
     real = K.order_indices
     monkeypatch.setattr(K, "ORDER_SERPENTINE", True)
     monkeypatch.setattr(K, "_num_sms", lambda dev: 2)
+    real_wave = K._serpentine_wave
+    assert real_wave(DEVICE, False) == 0 and real_wave(DEVICE, True) == 2  # the portable kernel: plain ranges
+    # here the portable kernel serves the call; let it take the waves as the Hopper kernels would
+    monkeypatch.setattr(K, "_serpentine_wave", lambda dev, one_per_sm: (asked.append(one_per_sm), 2)[1])
     monkeypatch.setattr(K, "order_indices",
                         lambda *a, **k: (seen.append((k.get("wave"), k.get("groups", 1))), real(*a, **k))[1])
     config = None
@@ -187,6 +191,7 @@ def test_sparse_mla_serpentine(h_q, groups, monkeypatch):
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE))
     got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, order=None if h_q == 96 else 4, config=config)
     assert seen == [(2, groups)]
+    assert asked and (DEVICE != "cpu" or not any(asked))  # under the interpreter: the portable kernel
     want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
     assert_matches(got, want, max_abs_v(kv, idx, flat.shape[0]), f"serpentine h_q={h_q}")
     plain = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, None, order=False, config=config)

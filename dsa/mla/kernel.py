@@ -470,9 +470,18 @@ def cluster_size(num_splits: int, programs: int, block_h: int, num_sms: int, for
 ORDER_MIN_T = 512
 ORDER_MIN_CACHE_BYTES = 128 << 20
 #: grouped lists in serpentine order (``order_indices``' ``wave``: one wave = one program per SM, as the Hopper
-#: kernels run, in an unsplit launch; the rows of odd waves take their ranges from the top down). Off until measured
-#: on the H200 (``benchmarks/ab_mla_order.py``'s ``b4s``).
+#: kernels run, in an unsplit launch; the rows of odd waves take their ranges from the top down; never for the
+#: portable kernel, whose programs per SM vary). Off: measured (BENCHMARKS.md, forty-sixth session, 4096 tokens,
+#: the grouping included) against 4 plain ranges it moved -0.4 / -2.2 points at h_q 16 and +2.5 / -1.2 at h_q 32 on
+#: the H200, -2.0 at h_q 32 and +0.3 at h_q 128 on an H100: within the rounds' noise, although it reads 14% less
+#: from DRAM (the grouped kernel is latency-bound).
 ORDER_SERPENTINE = False
+
+
+def _serpentine_wave(dev, one_per_sm: bool) -> int:
+    """``order_indices``' ``wave`` for an unsplit launch: the programs resident at once where that is one per SM
+    (``one_per_sm``: the Hopper kernels serve the call) and :data:`ORDER_SERPENTINE` is on, else 0 (plain ranges)."""
+    return _num_sms(dev) if ORDER_SERPENTINE and one_per_sm else 0
 
 
 def order_pays(T: int, num_splits: int, topk: int, S: int, row_bytes: int) -> bool:
@@ -513,7 +522,7 @@ def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, nu
     S, topk = kv.shape[0], indices.shape[1]
     out, max_logits, lse = outputs(T, h_q, d_v, q.device, out)
     if order is None and order_pays(T, 1, topk, S, kv.shape[1] * kv.element_size()):
-        wave = _num_sms(q.device) if ORDER_SERPENTINE else 0
+        wave = _serpentine_wave(q.device, kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64))
         indices, order = order_indices(indices, S, topk_length, wave=wave), False
     config = {k: v for k, v in (config or {}).items() if k != "slice_heads"} or None
     h_main = h_q // 64 * 64
@@ -593,10 +602,13 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         order_ = order
         if order_ is None:
             order_ = order_pays(T, num_splits, topk, S, kv.shape[1] * kv.element_size())
+        # Hopper: the Gluon kernel for 64-head groups, and for 16/32-head groups with ``rows``
+        use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
+                    and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
         idx = indices
         if order_:
             idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_),
-                                wave=_num_sms(dev) if ORDER_SERPENTINE and num_splits == 1 else 0, groups=n_hg)
+                                wave=_serpentine_wave(dev, use_sm90) if num_splits == 1 else 0, groups=n_hg)
         has_len = topk_length is not None
         has_sink = attn_sink is not None
         dummy = lse
@@ -611,9 +623,6 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         args_in = (q, q.stride(0), q.stride(1), nope_in, nope.stride(0), scales, stride_scale, rope, rope.stride(0),
                    idx, idx.stride(0), len_arg, sink_arg)
         scale_log2 = float(sm_scale) * _LOG2E
-        # Hopper: the Gluon kernel for 64-head groups, and for 16/32-head groups with ``rows``
-        use_sm90 = (kernel_sm90 is not None and cfg.get("gluon", True) and kernel_sm90.supported(q, kv, bh)
-                    and bn == kernel_sm90.BLOCK_N and (bh == kernel_sm90.BLOCK_H or bool(cfg.get("rows", False))))
 
         def fwd(grid, o, s_ot, s_oh, s_os, ml, ls, split, cluster=0):
             if use_sm90:
