@@ -1,0 +1,203 @@
+"""What-if timings of ``dsa.mla.kernel_sm90``'s 16/32-head path (one math warpgroup, the rows as M, producer
+warpgroups filling two tile buffers): which side sets the time per tile? Each variant is the module's source with
+one kind of work removed (WRONG values), imported under another name and swapped in for the real module while
+``sparse_mla_triton`` runs, in interleaved rounds with the real kernel.
+
+* ``nocopy``: the producers signal each buffer full without filling it (bf16: no ``cp.async``; fp8_ds_mla: no row
+  loads, no dequantisation, no stores). The math runs on stale buffers: its time alone, with the barriers.
+* ``nomath``: the math warpgroup waits for each buffer and releases it at once: no products, no softmax. The
+  producers' fill alone (its copies still meet the L2 and DRAM traffic of the real call).
+* ``nosoftmax``: P is the raw logits (no max, no exp, no rescale); 16-head groups (the 32-head groups' lazy
+  softmax is a different block: ``nolazy+nosoftmax`` turns it off first).
+* ``nolazy``: the 32-head groups take the plain softmax (``LAZY_MAX`` empty).
+* ``norope``: no rope part: the producers do not copy it and QK is the values' part alone (512 of 576 columns).
+* ``nbuf3`` (with ``norope``; 16-head groups only: 32 heads do not fit): three tile buffers instead of two, so the
+  fill may run two tiles ahead. ``norope+nbuf3`` against ``norope`` is what a third buffer would buy (a kernel with
+  the rope part in the math warps' registers would have room for one).
+* ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
+  only q's shared memory, so several may share an SM).
+
+Variants combine with ``+``. If the real time is about ``nomath``'s, the fill sets the tile; if about ``nocopy``'s,
+the math chain; if above both, the two do not overlap (two buffers leave no slack), and more buffers or a shorter
+chain would each help.
+
+    python benchmarks/whatif_sm90.py [ROUNDS] [CASE ...]     (GPU; sm_90)
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dsa.bench import mla_inputs  # noqa: E402
+from dsa.mla import kernel as K  # noqa: E402
+from dsa.mla import kernel_sm90  # noqa: E402
+
+# (name, T, h_q, topk, num_req, s_kv, format)
+CASES = [
+    ("prefill_bf16_h16", 4096, 16, 2048, 1, 131072, "bf16"),
+    ("prefill_bf16_h32", 4096, 32, 2048, 1, 131072, "bf16"),
+    ("decode_fp8_h32_b64", 64, 32, 2048, 64, 32768, "fp8_ds_mla"),
+    ("decode_fp8_h32_b128", 128, 32, 2048, 128, 32768, "fp8_ds_mla"),
+    ("decode_bf16_h16_b32", 32, 16, 2048, 32, 32768, "bf16"),
+]
+VARIANTS = ["real", "nomath", "nocopy", "nosoftmax", "nolazy", "nolazy+nosoftmax", "norope", "norope+nbuf3", "none"]
+
+MATH_START = "        kn = k_nope_smem.index(s)\n"
+MATH_END = "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))\n        gl.thread_barrier()  # every warp"
+FILL_START = "        if IS_FP8:  # EARLY (2 or 4)"
+FILL_WAIT = "        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)\n"
+FILL_END = "        if not LATE:\n"
+SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)\n"
+
+
+def _wrap(src: str, where: str, start: str, end: str, keep_start: bool, cond: str) -> str:
+    """``src`` with the lines from the first ``start`` after ``where`` (after ``start`` itself if ``keep_start``) up
+    to the next ``end`` under ``if cond:``."""
+    assert src.count(where) == 1, f"the source no longer holds {where!r}"
+    a = src.index(start, src.index(where)) + (len(start) if keep_start else 0)
+    b = src.index(end, a)
+    body = src[a:b]
+    indent = body[:len(body) - len(body.lstrip(" "))]
+    block = "".join("    " + line if line.strip() else line for line in body.splitlines(keepends=True))
+    return src[:a] + f"{indent}if {cond}:\n" + block + src[b:]
+
+
+def _sub_in(src: str, fn: str, old: str, new: str, count: int = 1) -> str:
+    """``src`` with ``old`` replaced by ``new`` inside function ``fn``'s text (``count`` times, checked)."""
+    assert src.count(f"def {fn}(") == 1, fn
+    a = src.index(f"def {fn}(")
+    b = src.find("\n@gluon.jit", a)
+    b = len(src) if b < 0 else b
+    body = src[a:b]
+    assert body.count(old) == count, f"{fn} no longer holds {old!r} {count} times"
+    return src[:a] + body.replace(old, new) + src[b:]
+
+
+def variant(name: str):
+    """The module with variant ``name``'s changes (``+``-joined), imported as ``dsa.mla._whatif_sm90_<name>``."""
+    src = open(kernel_sm90.__file__).read()
+    parts = set(name.split("+"))
+    if "none" in parts:
+        parts |= {"nomath", "nocopy"}
+    if "nolazy" in parts:
+        assert src.count("LAZY_MAX = (32,)") == 1
+        src = src.replace("LAZY_MAX = (32,)", "LAZY_MAX = ()")
+    if "nosoftmax" in parts:  # (the plain softmax's block only)
+        assert src.count(SOFTMAX) == 1
+        src = src.replace(SOFTMAX, "            p, alpha = sc, m_i\n")
+    if "nomath" in parts:
+        src = _wrap(src, "def _math_rows(", MATH_START, MATH_END, False, "False")
+        src = src.replace(MATH_END, "        gl.thread_barrier()  # every warp", 1)
+    if "nocopy" in parts:  # the producer's loads before its wait, and its fill after it
+        src = _wrap(src, "def _producer(", FILL_START, FILL_WAIT, False, "False")
+        src = _wrap(src, "def _producer(", FILL_WAIT, FILL_END, True, "False")
+    if "norope" in parts:
+        src = _sub_in(src, "_issue_tile", "    cp.async_copy_global_to_shared(rope_smem", "    if False:\n        cp.async_copy_global_to_shared(rope_smem")
+        src = _sub_in(src, "_producer", "            cp.async_copy_global_to_shared(k_rope_smem.index(s)",
+                      "            if False:\n                cp.async_copy_global_to_shared(k_rope_smem.index(s)")
+        src = _sub_in(src, "_math_rows", "        sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, "
+                      "use_acc=False, is_async=True)\n        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)",
+                      "        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)")
+        src = _sub_in(src, "_sparse_mla_sm90_kernel", "k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)",
+                      "k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 8, DR], sh)", 2)
+    if "nbuf3" in parts:
+        assert "norope" in parts, "nbuf3 needs norope (three whole tiles do not fit)"
+        src = _sub_in(src, "_sparse_mla_sm90_kernel", "k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)",
+                      "k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [3, BN, DV], sh)", 2)
+        for bar in ("full", "empty"):
+            src = _sub_in(src, "_sparse_mla_sm90_kernel", f"{bar} = gl.allocate_shared_memory(gl.int64, [2, 1]",
+                          f"{bar} = gl.allocate_shared_memory(gl.int64, [3, 1]")
+        src = _sub_in(src, "_sparse_mla_sm90_kernel", "for j in gl.static_range(2):\n            mbarrier.init(full",
+                      "for j in gl.static_range(3):\n            mbarrier.init(full")
+        src = _sub_in(src, "_producer", "s = i % 2", "s = i % 3")
+        src = _sub_in(src, "_producer", "((i // 2) & 1) ^ 1", "((i // 3) & 1) ^ 1")
+        src = _sub_in(src, "_math_rows", "s = i % 2", "s = i % 3")
+        src = _sub_in(src, "_math_rows", "(full.index(s), (i // 2) & 1)", "(full.index(s), (i // 3) & 1)")
+    unknown = parts - {"nomath", "nocopy", "none", "nosoftmax", "nolazy", "norope", "nbuf3"}
+    assert not unknown, unknown
+    tag = name.replace("+", "_")
+    path = os.path.join(tempfile.mkdtemp(), f"_whatif_sm90_{tag}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(f"dsa.mla._whatif_sm90_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_sm90(mod, fp8: bool, bh: int):
+    """``mod``'s kernel (the real module or a variant) compiled for sm_90a as :func:`kernel_sm90.launch` would
+    launch a one-split 16/32-head call over the fp8_ds_mla (``fp8``) or bf16 cache, on any machine (Triton's own
+    ptxas; not under the CPU interpreter). Returns the compiled kernel (``.asm``, ``.metadata.shared``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = mod._sparse_mla_sm90_kernel
+    prod = mod.producer_config(fp8, bh, False)
+    consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=False, BH=bh, PINGPONG=False,
+                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
+                  CLUSTER=0, ALT=mod.alternate_tiles(prod, bh, 2048), LAZY=bh in mod.LAZY_MAX, PERSIST=False)
+    ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
+                idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", ml_ptr="*fp32", lse_ptr="*fp32",
+                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
+           for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
+    return mod._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    names = sys.argv[2:]
+    mods = {v: kernel_sm90 if v == "real" else variant(v) for v in VARIANTS}
+    sm = 192 ** -0.5
+    table = []
+    for name, T, h, topk, nreq, s_kv, fmt in CASES:
+        if names and name not in names:
+            continue
+        q, kv, idx = mla_inputs(T, h, topk, nreq, s_kv, fmt, block_size=64)
+        flat = kv.reshape(-1, kv.shape[-1])
+        out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
+
+        def call(v):
+            before, K.kernel_sm90 = K.kernel_sm90, mods[v]
+            try:
+                return K.sparse_mla_triton(q, flat, idx, sm, out=out)
+            finally:
+                K.kernel_sm90 = before
+
+        graph = not name.startswith("prefill")
+        times = {v: [] for v in VARIANTS}
+        runs = []
+        for v in VARIANTS:
+            try:
+                call(v)
+                torch.cuda.synchronize()
+                runs.append(v)
+            except Exception as e:  # e.g. nbuf3 at 32 heads: out of shared memory
+                print(f"# {name} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                times[v] = [float("nan")]
+        for _ in range(rounds):
+            for v in runs:
+                f = (lambda v=v: call(v))
+                times[v].append(1e3 * (do_bench_cudagraph(f, rep=100) if graph else do_bench(f, rep=200)))
+        med = {v: sorted(x)[len(x) // 2] for v, x in times.items()}
+        print(name, {v: [round(x, 1) for x in xs] for v, xs in times.items()}, flush=True)
+        table.append((name, med))
+        q = kv = idx = flat = out = None
+        torch.cuda.empty_cache()
+    print(f"\n{'case (median us)':<22}" + "".join(f"{v:>11}" for v in VARIANTS))
+    for name, med in table:
+        print(f"{name:<22}" + "".join(f"{med[v]:11.1f}" for v in VARIANTS))
+
+
+if __name__ == "__main__":
+    main()
