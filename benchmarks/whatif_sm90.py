@@ -10,10 +10,6 @@ one kind of work removed (WRONG values), imported under another name and swapped
 * ``nosoftmax``: P is the raw logits (no max, no exp, no rescale); 16-head groups (the 32-head groups' lazy
   softmax is a different block: ``nolazy+nosoftmax`` turns it off first).
 * ``nolazy``: the 32-head groups take the plain softmax (``LAZY_MAX`` empty).
-* ``norope``: no rope part: the producers do not copy it and QK is the values' part alone (512 of 576 columns).
-* ``nbuf3`` (with ``norope``; 16-head groups only: 32 heads do not fit): three tile buffers instead of two, so the
-  fill may run two tiles ahead. ``norope+nbuf3`` against ``norope`` is what a third buffer would buy (a kernel with
-  the rope part in the math warps' registers would have room for one).
 * ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
   only q's shared memory, so several may share an SM).
 
@@ -21,7 +17,7 @@ Variants combine with ``+``. If the real time is about ``nomath``'s, the fill se
 the math chain; if above both, the two do not overlap (two buffers leave no slack), and more buffers or a shorter
 chain would each help.
 
-    python benchmarks/whatif_sm90.py [ROUNDS] [CASE ...]     (GPU; sm_90)
+    python benchmarks/whatif_sm90.py [--variants=real,nomath,...] [ROUNDS] [CASE ...]     (GPU; sm_90)
 """
 from __future__ import annotations
 
@@ -45,8 +41,10 @@ CASES = [
     ("decode_fp8_h32_b64", 64, 32, 2048, 64, 32768, "fp8_ds_mla"),
     ("decode_fp8_h32_b128", 128, 32, 2048, 128, 32768, "fp8_ds_mla"),
     ("decode_bf16_h16_b32", 32, 16, 2048, 32, 32768, "bf16"),
+    ("prefill_fp8_h16", 4096, 16, 2048, 1, 131072, "fp8_ds_mla"),
+    ("decode_fp8_h16_b16", 16, 16, 2048, 16, 32768, "fp8_ds_mla"),
 ]
-VARIANTS = ["real", "nomath", "nocopy", "nosoftmax", "nolazy", "nolazy+nosoftmax", "norope", "norope+nbuf3", "none"]
+VARIANTS = ["real", "nomath", "nocopy", "nosoftmax", "nolazy", "nolazy+nosoftmax", "none"]
 
 MATH_START = "        kn = k_nope_smem.index(s)\n"
 MATH_END = "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))\n        gl.thread_barrier()  # every warp"
@@ -68,17 +66,6 @@ def _wrap(src: str, where: str, start: str, end: str, keep_start: bool, cond: st
     return src[:a] + f"{indent}if {cond}:\n" + block + src[b:]
 
 
-def _sub_in(src: str, fn: str, old: str, new: str, count: int = 1) -> str:
-    """``src`` with ``old`` replaced by ``new`` inside function ``fn``'s text (``count`` times, checked)."""
-    assert src.count(f"def {fn}(") == 1, fn
-    a = src.index(f"def {fn}(")
-    b = src.find("\n@gluon.jit", a)
-    b = len(src) if b < 0 else b
-    body = src[a:b]
-    assert body.count(old) == count, f"{fn} no longer holds {old!r} {count} times"
-    return src[:a] + body.replace(old, new) + src[b:]
-
-
 def variant(name: str):
     """The module with variant ``name``'s changes (``+``-joined), imported as ``dsa.mla._whatif_sm90_<name>``."""
     src = open(kernel_sm90.__file__).read()
@@ -97,29 +84,7 @@ def variant(name: str):
     if "nocopy" in parts:  # the producer's loads before its wait, and its fill after it
         src = _wrap(src, "def _producer(", FILL_START, FILL_WAIT, False, "False")
         src = _wrap(src, "def _producer(", FILL_WAIT, FILL_END, True, "False")
-    if "norope" in parts:
-        src = _sub_in(src, "_issue_tile", "    cp.async_copy_global_to_shared(rope_smem", "    if False:\n        cp.async_copy_global_to_shared(rope_smem")
-        src = _sub_in(src, "_producer", "            cp.async_copy_global_to_shared(k_rope_smem.index(s)",
-                      "            if False:\n                cp.async_copy_global_to_shared(k_rope_smem.index(s)")
-        src = _sub_in(src, "_math_rows", "        sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, "
-                      "use_acc=False, is_async=True)\n        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)",
-                      "        sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)")
-        src = _sub_in(src, "_sparse_mla_sm90_kernel", "k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)",
-                      "k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 8, DR], sh)", 2)
-    if "nbuf3" in parts:
-        assert "norope" in parts, "nbuf3 needs norope (three whole tiles do not fit)"
-        src = _sub_in(src, "_sparse_mla_sm90_kernel", "k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DV], sh)",
-                      "k_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [3, BN, DV], sh)", 2)
-        for bar in ("full", "empty"):
-            src = _sub_in(src, "_sparse_mla_sm90_kernel", f"{bar} = gl.allocate_shared_memory(gl.int64, [2, 1]",
-                          f"{bar} = gl.allocate_shared_memory(gl.int64, [3, 1]")
-        src = _sub_in(src, "_sparse_mla_sm90_kernel", "for j in gl.static_range(2):\n            mbarrier.init(full",
-                      "for j in gl.static_range(3):\n            mbarrier.init(full")
-        src = _sub_in(src, "_producer", "s = i % 2", "s = i % 3")
-        src = _sub_in(src, "_producer", "((i // 2) & 1) ^ 1", "((i // 3) & 1) ^ 1")
-        src = _sub_in(src, "_math_rows", "s = i % 2", "s = i % 3")
-        src = _sub_in(src, "_math_rows", "(full.index(s), (i // 2) & 1)", "(full.index(s), (i // 3) & 1)")
-    unknown = parts - {"nomath", "nocopy", "none", "nosoftmax", "nolazy", "norope", "nbuf3"}
+    unknown = parts - {"nomath", "nocopy", "none", "nosoftmax", "nolazy"}
     assert not unknown, unknown
     tag = name.replace("+", "_")
     path = os.path.join(tempfile.mkdtemp(), f"_whatif_sm90_{tag}.py")
@@ -154,9 +119,20 @@ def compile_sm90(mod, fp8: bool, bh: int):
     return mod._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
 
+def applies(v: str, h_q: int) -> bool:
+    """Whether variant ``v`` changes anything at ``h_q`` heads (else it is not timed): ``nosoftmax`` alone touches
+    16-head groups only (32-head ones take the lazy softmax), ``nolazy`` 32-head ones."""
+    parts = set(v.split("+"))
+    return not (("nosoftmax" in parts and "nolazy" not in parts and h_q != 16) or ("nolazy" in parts and h_q != 32))
+
+
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    names = sys.argv[2:]
+    global VARIANTS
+    args = sys.argv[1:]
+    if args and args[0].startswith("--variants="):  # a subset, comma-separated
+        VARIANTS = args.pop(0).split("=", 1)[1].split(",")
+    rounds = int(args[0]) if args else 3
+    names = args[1:]
     mods = {v: kernel_sm90 if v == "real" else variant(v) for v in VARIANTS}
     sm = 192 ** -0.5
     table = []
@@ -178,6 +154,9 @@ def main():
         times = {v: [] for v in VARIANTS}
         runs = []
         for v in VARIANTS:
+            if not applies(v, h):
+                times[v] = [float("nan")]
+                continue
             try:
                 call(v)
                 torch.cuda.synchronize()
