@@ -50,10 +50,16 @@ def variant(name: str):
     for old, new in subs[name]:
         assert src.count(old) == 1, f"{name}: the source no longer holds {old!r}"
         src = src.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(), f"_whatif_{name}.py")
+    return import_source(src, f"_whatif_{name}")
+
+
+def import_source(src: str, name: str):
+    """``src`` imported as module ``dsa.mla.<name>`` from a file of its own (Gluon and Triton read their kernels'
+    source back from the file), registered in ``sys.modules``."""
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location(f"dsa.mla._whatif_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"dsa.mla.{name}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

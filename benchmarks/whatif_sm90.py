@@ -21,15 +21,16 @@ chain would each help.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-import tempfile
 
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from whatif_bulk import import_source  # noqa: E402
+
 from dsa.bench import mla_inputs  # noqa: E402
 from dsa.mla import kernel as K  # noqa: E402
 from dsa.mla import kernel_sm90  # noqa: E402
@@ -86,15 +87,7 @@ def variant(name: str):
         src = _wrap(src, "def _producer(", FILL_WAIT, FILL_END, True, "False")
     unknown = parts - {"nomath", "nocopy", "none", "nosoftmax", "nolazy"}
     assert not unknown, unknown
-    tag = name.replace("+", "_")
-    path = os.path.join(tempfile.mkdtemp(), f"_whatif_sm90_{tag}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(f"dsa.mla._whatif_sm90_{tag}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 
 
 def compile_sm90(mod, fp8: bool, bh: int):
