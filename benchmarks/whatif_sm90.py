@@ -10,6 +10,10 @@ one kind of work removed (WRONG values), imported under another name and swapped
 * ``nosoftmax``: P is the raw logits (no max, no exp, no rescale); 16-head groups (the 32-head groups' lazy
   softmax is a different block: ``nolazy+nosoftmax`` turns it off first).
 * ``nolazy``: the 32-head groups take the plain softmax (``LAZY_MAX`` empty).
+* ``nowait``: neither side waits for the other (the math not for ``full``, the producers not for ``empty``): both do
+  all their work at once, on whatever the buffers hold. About the fill alone or the math alone (whichever is longer):
+  the real kernel loses its time to the hand-offs (more buffering would help); about the real time: the two slow
+  each other down where they run together (shared memory, issue slots), and no schedule of the same work helps.
 * ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
   only q's shared memory, so several may share an SM).
 
@@ -39,19 +43,21 @@ from dsa.mla import kernel_sm90  # noqa: E402
 CASES = [
     ("prefill_bf16_h16", 4096, 16, 2048, 1, 131072, "bf16"),
     ("prefill_bf16_h32", 4096, 32, 2048, 1, 131072, "bf16"),
+    ("decode_fp8_h32_b32", 32, 32, 2048, 32, 32768, "fp8_ds_mla"),
     ("decode_fp8_h32_b64", 64, 32, 2048, 64, 32768, "fp8_ds_mla"),
     ("decode_fp8_h32_b128", 128, 32, 2048, 128, 32768, "fp8_ds_mla"),
     ("decode_bf16_h16_b32", 32, 16, 2048, 32, 32768, "bf16"),
     ("prefill_fp8_h16", 4096, 16, 2048, 1, 131072, "fp8_ds_mla"),
     ("decode_fp8_h16_b16", 16, 16, 2048, 16, 32768, "fp8_ds_mla"),
 ]
-VARIANTS = ["real", "nomath", "nocopy", "nosoftmax", "nolazy", "nolazy+nosoftmax", "none"]
+VARIANTS = ["real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy", "nolazy+nosoftmax", "none"]
 
 MATH_START = "        kn = k_nope_smem.index(s)\n"
 MATH_END = "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))\n        gl.thread_barrier()  # every warp"
 FILL_START = "        if IS_FP8:  # EARLY (2 or 4)"
 FILL_WAIT = "        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)\n"
 FILL_END = "        if not LATE:\n"
+MATH_WAIT = "        mbarrier.wait(full.index(s), (i // 2) & 1)\n"
 SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)\n"
 
 
@@ -65,6 +71,13 @@ def _wrap(src: str, where: str, start: str, end: str, keep_start: bool, cond: st
     indent = body[:len(body) - len(body.lstrip(" "))]
     block = "".join("    " + line if line.strip() else line for line in body.splitlines(keepends=True))
     return src[:a] + f"{indent}if {cond}:\n" + block + src[b:]
+
+
+def _drop(src: str, where: str, line: str) -> str:
+    """``src`` without the first ``line`` after ``where``."""
+    assert src.count(where) == 1, f"the source no longer holds {where!r}"
+    a = src.index(line, src.index(where))
+    return src[:a] + src[a + len(line):]
 
 
 def variant(name: str):
@@ -85,7 +98,10 @@ def variant(name: str):
     if "nocopy" in parts:  # the producer's loads before its wait, and its fill after it
         src = _wrap(src, "def _producer(", FILL_START, FILL_WAIT, False, "False")
         src = _wrap(src, "def _producer(", FILL_WAIT, FILL_END, True, "False")
-    unknown = parts - {"nomath", "nocopy", "none", "nosoftmax", "nolazy"}
+    if "nowait" in parts:
+        src = _drop(src, "def _math_rows(", MATH_WAIT)
+        src = _drop(src, "def _producer(", FILL_WAIT)
+    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 

@@ -134,13 +134,14 @@ def test_racecheck_handoff_compiles_for_sm90():
 _WHATIF_SM90 = r"""
 import whatif_sm90 as W
 
-for v in ("real", "nomath", "nocopy", "nosoftmax", "nolazy+nosoftmax", "none"):
+for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
         k = W.compile_sm90(mod, fp8, bh)
         ptx = k.asm["ptx"]
         out[f"{v} {bh}"] = dict(wgmma=ptx.count("wgmma.mma_async"), cp=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
-                                ex2=ptx.count("ex2.approx"), ld=ptx.count("ld.global"), smem=k.metadata.shared)
+                                ex2=ptx.count("ex2.approx"), ld=ptx.count("ld.global"), smem=k.metadata.shared,
+                                waits=ptx.count("mbarrier.try_wait"))
 """
 
 
@@ -156,6 +157,9 @@ def test_whatif_sm90_variants_remove_what_they_claim():
         nocopy = c[f"nocopy {bh}"]
         assert nocopy["cp"] == 0 and nocopy["wgmma"] == real["wgmma"] and nocopy["ex2"] == real["ex2"]
         assert nocopy["ld"] < real["ld"]  # (fp8: the raw rows' loads; the index lists' loads stay)
+        nowait = c[f"nowait {bh}"]  # the same work, two fewer waits in each loop (math; each producer)
+        assert {k: v for k, v in nowait.items() if k != "waits"} == {k: v for k, v in real.items() if k != "waits"}
+        assert nowait["waits"] < real["waits"], (nowait, real)
         assert c[f"nolazy+nosoftmax {bh}"]["ex2"] == 0 and c[f"nolazy+nosoftmax {bh}"]["wgmma"] == real["wgmma"]
     assert c["nosoftmax 16"]["ex2"] == 0 and c["nosoftmax 16"]["wgmma"] == c["real 16"]["wgmma"]
     assert c["nosoftmax 32"] == c["real 32"]  # (32-head groups take the lazy softmax, untouched by it)
