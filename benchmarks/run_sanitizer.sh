@@ -15,10 +15,12 @@
 # * racecheck flags Triton's own start of every warp-specialised region (the worker warps' read of their partition
 #   byte after `bar.sync 1`, at the kernel's offset 0x100; `python3 benchmarks/racecheck_handoff.py none` under the
 #   tool shows it on a small kernel), and hand-offs in the 64-head ping-pong (`_math_pp`) not yet explained: the
-#   same hand-off done once (`racecheck_handoff.py one`) draws no report. The racecheck job also runs the forms
-#   not yet run on a GPU: `loop` (one slot both ways, phases alternating) and `pp` / `ppslow` (`_math_pp`'s own
-#   hand-offs in its layouts, beside a third partition; `ppslow`: each wait finds its phase already complete). If
-#   those draw the kernel's reports too, they are the tool's; if not, the difference lies in `_math_pp`.
+#   same hand-off done once (`racecheck_handoff.py one`) draws no report. Forty-eighth session (H200): `loop` (one
+#   slot both ways, phases alternating) draws none either, while `pp` / `ppslow` (`_math_pp`'s own hand-offs in its
+#   layouts, 4 lanes storing each value, beside a third partition) draw the kernel's kind (35 / 7 reports, values
+#   right): every reported pair is a store and the read after the mbarrier wait that orders it. Not explained yet.
+# * The 16/32-head rows tests (`rows_kernel`, `rows_moving_max`) do not finish within 500 s under racecheck or
+#   synccheck, so those tools have not covered the rows path, the cluster merge or the bulk kernel (memcheck has).
 # * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
 #   is a cudaMalloc, which the capture forbids.
 #
