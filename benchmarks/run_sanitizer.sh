@@ -19,9 +19,11 @@
 #   slot both ways, phases alternating) draws none either, while `pp` / `ppslow` (`_math_pp`'s own hand-offs in its
 #   layouts, 4 lanes storing each value, beside a third partition) draw the kernel's kind (35 / 7 reports, values
 #   right): every reported pair is a store and the read after the mbarrier wait that orders it. Not explained yet.
-# * The 16/32-head rows tests (`rows_kernel`, `rows_moving_max`) do not finish within 500 s under racecheck or
-#   synccheck. Those tools have covered the rows path only as the 16-head bf16 group of the 72-head test (no
-#   report); not the 32-head or fp8 groups nor the cluster merge (memcheck has covered all of them).
+# * Under racecheck and synccheck, every test that launched clusters (the in-kernel split merge: `rows_kernel` and
+#   `rows_moving_max` at 3 tokens, `variants_prefer_l1` at 4) ran past 500 s, and every test that finished launched
+#   none (forty-eighth session). So those jobs run with `--no-clusters` (conftest: the merge kernel instead) and
+#   without the cluster tests, and a job of their own (`*_cluster`, CLUSTER_LIMIT seconds) runs the first
+#   cluster-merge case under each tool, to show whether cluster launches finish there at all.
 # * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
 #   is a cudaMalloc, which the capture forbids.
 #
@@ -38,6 +40,7 @@ python3 -c "from triton.backends.nvidia.compiler import get_ptxas; t = get_ptxas
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 DSA_TEST_HANG_S=0
 LIMIT=${LIMIT:-400}
 PF=${PER_FUNCTION:-1}
+CLUSTER_LIMIT=${CLUSTER_LIMIT:-200}
 KERNEL_TESTS="tests/test_mla.py tests/test_mla_bulk.py tests/test_compat.py tests/test_mqa_logits.py tests/test_topk.py
   tests/test_mla_cache.py tests/test_indexer_cache.py tests/test_indexer_prep.py tests/test_metadata.py
   tests/test_mla_order.py tests/test_engine.py"
@@ -60,8 +63,11 @@ for tool in $TOOLS; do
       sanitize memcheck memcheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
         --per-function 3 &
       sanitize memcheck memcheck_rest 3 $KERNEL_TESTS --per-function "$PF" -k "not ($GLUON) and $NOGRAPH" & ;;
-    synccheck) sanitize synccheck synccheck_gluon 3 tests/test_mla.py tests/test_mla_bulk.py \
-      -k "($GLUON) and $NOGRAPH" --per-function "$PF" & ;;
+    synccheck)
+      sanitize synccheck synccheck_gluon 3 tests/test_mla.py tests/test_mla_bulk.py \
+        -k "($GLUON) and $NOGRAPH and not cluster" --per-function "$PF" --no-clusters &
+      LIMIT=$CLUSTER_LIMIT sanitize synccheck synccheck_cluster 1 tests/test_mla.py -k gpu_sm90_cluster_merge \
+        --per-function 1 & ;;
     initcheck)  # (without the top-k's tests: their one known report fills the print limit)
       sanitize initcheck initcheck 3 ${KERNEL_TESTS/tests\/test_topk.py/} --per-function "$PF" -k "$NOGRAPH" & ;;
     racecheck)
@@ -71,8 +77,10 @@ for tool in $TOOLS; do
         echo "== racecheck_handoff.py $m"
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done) > "$OUT/racecheck_handoff.txt" 2>&1 &
-      sanitize racecheck racecheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py -k "($GLUON) and $NOGRAPH" \
-        --per-function "$PF" &
+      sanitize racecheck racecheck_gluon 4 tests/test_mla.py tests/test_mla_bulk.py \
+        -k "($GLUON) and $NOGRAPH and not cluster" --per-function "$PF" --no-clusters &
+      LIMIT=$CLUSTER_LIMIT sanitize racecheck racecheck_cluster 1 tests/test_mla.py -k gpu_sm90_cluster_merge \
+        --per-function 1 &
       # the ping-pong's reports hazard by hazard (kind, threads, addresses)
       (timeout "$LIMIT" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 12 \
         --target-processes all python3 -m pytest -p no:cacheprovider -q "tests/test_mla.py::test_gpu_sm90_pingpong[case0]"

@@ -46,6 +46,10 @@ def pytest_addoption(parser):
     parser.addoption("--per-function", type=int, default=0, metavar="N",
                      help="run only the first N cases of each test function (0: all), e.g. for a pass under "
                           "compute-sanitizer (benchmarks/run_sanitizer.sh), where every kernel runs 10-100x slower")
+    parser.addoption("--no-clusters", action="store_true",
+                     help="sparse MLA merges its splits by the merge kernel only, never inside the Hopper kernel's "
+                          "clusters (dsa.mla.kernel.cluster_size 0): for racecheck and synccheck, under which every "
+                          "test that launched clusters ran past its limit (benchmarks/run_sanitizer.sh)")
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m: the first N of each function's selected cases
@@ -67,6 +71,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_clusters(request, monkeypatch):
+    if request.config.getoption("--no-clusters"):
+        from dsa.mla import kernel
+
+        monkeypatch.setattr(kernel, "cluster_size", lambda *args, **kwargs: 0)
 
 
 @pytest.fixture

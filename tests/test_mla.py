@@ -552,6 +552,16 @@ def test_cluster_size():
     assert cluster_size(4, 17, 16, 132, max_clusters=unknown) == 0
 
 
+def test_no_clusters_option():
+    """conftest's ``--no-clusters`` (the sanitizer run's racecheck and synccheck jobs) takes the in-kernel cluster merge
+    away in every test: there :func:`test_cluster_size` fails, its first cluster gone."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider", "--no-clusters",
+                        f"{__file__}::test_cluster_size"], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 1 and " failed" in r.stdout and " passed" not in r.stdout, r.stdout
+    assert "assert cluster_size(16, 1, 16, 132) == 16" in r.stdout, r.stdout  # (its first assertion)
+
+
 def test_choose_num_splits():
     """Arguments: T, head groups, topk, SMs, BLOCK_N."""
     assert choose_num_splits(4096, 2, 2048, 132, 64) == 1  # prefill fills the GPU
