@@ -15,11 +15,14 @@ before every read. Variants:
   ``[64]`` slot, then the row sums through ``[128]``), in its layouts (a row of the m64n64 wgmma result, held by
   4 lanes), with a third, idle partition as the producers are; ``ppslow`` sleeps before each wait so that the
   other partition's arrival has already completed the phase when it waits, as in the kernel, where each
-  warpgroup's products run between its arrival and the other's wait.
+  warpgroup's products run between its arrival and the other's wait;
+* ``pp1lane`` / ``ppnoidle``: ``pp`` with one change each, to find what in it draws racecheck's reports when ``loop``
+  draws none (forty-eighth session): ``pp1lane`` holds each value in one lane (256 values, two per thread, plain
+  8-byte shared loads and stores) instead of 4 (a row of the wgmma result), ``ppnoidle`` has no third partition.
 
 Each variant's result is checked (the default partition must read the worker's values). Run it under the tool:
 
-    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py [one|loop|none|pp|ppslow]
+    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py [one|loop|none|pp|ppslow|pp1lane|ppnoidle]
 """
 from __future__ import annotations
 
@@ -114,17 +117,24 @@ def _nap(x, SLOW: gl.constexpr):
 
 
 @gluon.jit
-def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr):
+def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr, REP: gl.constexpr = True):
     """One math warpgroup of ``pp``: the hand-offs of ``kernel_sm90._math_pp`` on made-up values. Warpgroup 0
     publishes its max (xbar 0), warpgroup 1 folds it into its own and publishes the pair's (xbar 1), which warpgroup
-    0 reads; at the end each adds the other's row sum (xbar 5, 6). Warpgroup 0 stores what it read."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    h = gl.arange(0, 64, row_s)
+    0 reads; at the end each adds the other's row sum (xbar 5, 6). Warpgroup 0 stores what it read. ``REP``: the
+    kernel's layout (64 rows of the m64n64 wgmma result, 4 lanes each), else 256 values, each in one lane (two per
+    thread: with one, Triton moves them by ``stmatrix`` / ``ldmatrix`` instead of plain stores and loads)."""
+    NV: gl.constexpr = 64 if REP else 256
+    if REP:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    else:
+        row_s: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])
+    h = gl.arange(0, NV, row_s)
     hi = _nap(h, SLOW)
-    m_run = gl.full([64], float("-inf"), gl.float32, row_s)
-    l_run = gl.zeros([64], gl.float32, row_s)
-    got = gl.zeros([64], gl.float32, row_s)
+    m_run = gl.full([NV], float("-inf"), gl.float32, row_s)
+    l_run = gl.zeros([NV], gl.float32, row_s)
+    got = gl.zeros([NV], gl.float32, row_s)
     for p in range(ROUNDS):
         ph = p & 1
         mine = ((hi * 7 + p * 13 + WG * 5) % 17).to(gl.float32)  # this warpgroup's tile max
@@ -144,18 +154,18 @@ def _pp_part(m_smem, l_smem, xbar, out_ptr, WG: gl.constexpr, SLOW: gl.constexpr
             m_run = m_smem.load(row_s)
             got += m_run
     if WG == 0:
-        l_smem.slice(0, 64).store(l_run)
+        l_smem.slice(0, NV).store(l_run)
         _signal(xbar.index(5))
         hi = _nap(hi, SLOW)
         mbarrier.wait(xbar.index(6), 0)
-        l_tot = l_run + l_smem.slice(64, 64).load(row_s)
+        l_tot = l_run + l_smem.slice(NV, NV).load(row_s)
         gl.store(out_ptr + h, got)
-        gl.store(out_ptr + 64 + h, l_tot)
+        gl.store(out_ptr + NV + h, l_tot)
     else:
         hi = _nap(hi, SLOW)
         mbarrier.wait(xbar.index(5), 0)
-        l_tot = l_run + l_smem.slice(0, 64).load(row_s)
-        l_smem.slice(64, 64).store(l_run)
+        l_tot = l_run + l_smem.slice(0, NV).load(row_s)
+        l_smem.slice(NV, NV).store(l_run)
         _signal(xbar.index(6))
 
 
@@ -165,21 +175,27 @@ def _pp_idle(xbar):
 
 
 @gluon.jit
-def _pp_kernel(out_ptr, SLOW: gl.constexpr):
+def _pp_kernel(out_ptr, SLOW: gl.constexpr, REP: gl.constexpr = True, IDLE: gl.constexpr = True):
+    NV: gl.constexpr = 64 if REP else 256
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    m_smem = gl.allocate_shared_memory(gl.float32, [64], vec)
-    l_smem = gl.allocate_shared_memory(gl.float32, [128], vec)
+    m_smem = gl.allocate_shared_memory(gl.float32, [NV], vec)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2 * NV], vec)
     xbar = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(7):
         mbarrier.init(xbar.index(j), count=1)
-    gl.warp_specialize([(_pp_part, (m_smem, l_smem, xbar, out_ptr, 0, SLOW)),
-                        (_pp_part, (m_smem, l_smem, xbar, out_ptr, 1, SLOW)), (_pp_idle, (xbar, ))], [4, 4], [96, 48])
+    if IDLE:
+        gl.warp_specialize([(_pp_part, (m_smem, l_smem, xbar, out_ptr, 0, SLOW, REP)),
+                            (_pp_part, (m_smem, l_smem, xbar, out_ptr, 1, SLOW, REP)), (_pp_idle, (xbar, ))], [4, 4],
+                           [96, 48])
+    else:
+        gl.warp_specialize([(_pp_part, (m_smem, l_smem, xbar, out_ptr, 0, SLOW, REP)),
+                            (_pp_part, (m_smem, l_smem, xbar, out_ptr, 1, SLOW, REP))], [4], [96])
 
 
-def _pp_want(dev):
-    """What ``pp`` must give: the pair's max summed over the rounds, and both row sums."""
-    h = torch.arange(64, device=dev)
-    got, m = torch.zeros(64, device=dev), torch.full((64,), float("-inf"), device=dev)
+def _pp_want(dev, nv=64):
+    """What ``pp`` must give (``nv`` values): the pair's max summed over the rounds, and both row sums."""
+    h = torch.arange(nv, device=dev)
+    got, m = torch.zeros(nv, device=dev), torch.full((nv,), float("-inf"), device=dev)
     for p in range(ROUNDS.value):
         m = torch.maximum(m, ((h * 7 + p * 13) % 17).float())
         m = torch.maximum(m, ((h * 7 + p * 13 + 5) % 17).float())
@@ -190,11 +206,11 @@ def _pp_want(dev):
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "one"
-    out = torch.full((128,), float("nan"), device="cuda")
+    out = torch.full((512 if mode == "pp1lane" else 128,), float("nan"), device="cuda")
     i = torch.arange(128, device="cuda")
-    if mode in ("pp", "ppslow"):
-        _pp_kernel[(1,)](out, SLOW=mode == "ppslow", num_warps=4)
-        want = _pp_want("cuda")
+    if mode in ("pp", "ppslow", "pp1lane", "ppnoidle"):
+        _pp_kernel[(1,)](out, SLOW=mode == "ppslow", REP=mode != "pp1lane", IDLE=mode != "ppnoidle", num_warps=4)
+        want = _pp_want("cuda", 256 if mode == "pp1lane" else 64)
     elif mode == "loop":
         _loop_kernel[(1,)](out, num_warps=4)
         want = sum(2.0 * (i + r) for r in range(ROUNDS.value)).float()

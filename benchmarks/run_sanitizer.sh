@@ -18,7 +18,9 @@
 #   same hand-off done once (`racecheck_handoff.py one`) draws no report. Forty-eighth session (H200): `loop` (one
 #   slot both ways, phases alternating) draws none either, while `pp` / `ppslow` (`_math_pp`'s own hand-offs in its
 #   layouts, 4 lanes storing each value, beside a third partition) draw the kernel's kind (35 / 7 reports, values
-#   right): every reported pair is a store and the read after the mbarrier wait that orders it. Not explained yet.
+#   right): every reported pair is a store and the read after the mbarrier wait that orders it. Not explained yet:
+#   `pp1lane` (one lane per value, plain 8-byte moves) and `ppnoidle` (no third partition) each take away one
+#   thing `pp` has and `loop` lacks; whichever stops drawing reports names the cause.
 # * Under racecheck and synccheck, every test that launched clusters (the in-kernel split merge: `rows_kernel` and
 #   `rows_moving_max` at 3 tokens, `variants_prefer_l1` at 4) ran past 500 s, and every test that finished launched
 #   none (forty-eighth session). So those jobs run with `--no-clusters` (conftest: the merge kernel instead) and
@@ -73,7 +75,7 @@ for tool in $TOOLS; do
     racecheck)
       (echo "== the ping-pong's hand-offs in this machine's SASS (no tool)"
       python3 -m pytest -p no:cacheprovider -q tests/test_mla.py -k pingpong_handoffs 2>&1 | tail -1
-      for m in one loop none pp ppslow; do
+      for m in one loop none pp ppslow pp1lane ppnoidle; do
         echo "== racecheck_handoff.py $m"
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done) > "$OUT/racecheck_handoff.txt" 2>&1 &

@@ -107,15 +107,19 @@ for mode in (0, 1):
     k = G.compile_sm90(R._handoff_kernel, dict(MODE=mode), {"out_ptr": "*fp32"}, 4)
     out[f"handoff {mode}"] = G.sass_counts(k, PRE)
 out["loop"] = G.sass_counts(G.compile_sm90(R._loop_kernel, {}, {"out_ptr": "*fp32"}, 4), PRE)
-for slow in (False, True):
-    out[f"pp {slow}"] = G.sass_counts(G.compile_sm90(R._pp_kernel, dict(SLOW=slow), {"out_ptr": "*fp32"}, 4), PRE)
+for name, kw in (("pp False", {}), ("pp True", dict(SLOW=True)), ("pp1lane", dict(REP=False)),
+                 ("ppnoidle", dict(IDLE=False))):
+    k = G.compile_sm90(R._pp_kernel, dict(dict(SLOW=False, REP=True, IDLE=True), **kw), {"out_ptr": "*fp32"}, 4)
+    out[name] = G.sass_counts(k, PRE)
+    out[name + " meta"] = dict(shared=k.metadata.shared, warps=k.metadata.num_warps)
 """
 
 
 def test_racecheck_handoff_compiles_for_sm90():
     """``benchmarks/racecheck_handoff.py`` (what racecheck makes of the partitions' hand-off; BENCHMARKS.md,
     forty-second session): each form compiles for sm_90a, and the hand-off is there: ``one``, ``loop`` and ``pp``
-    arrive on and wait for mbarriers, ``none`` does neither, and only ``ppslow`` sleeps."""
+    arrive on and wait for mbarriers, ``none`` does neither, and only ``ppslow`` sleeps; ``pp1lane`` and
+    ``ppnoidle`` have ``pp``'s hand-offs with one change each (one lane per value; no third partition)."""
     c = compiled_in_subprocess(_HANDOFF, ("SYNCS", "BAR", "LDS", "STS", "NANOSLEEP"))
     one, none, loop = c["handoff 0"], c["handoff 1"], c["loop"]
     arrive = [k for k in one if k.startswith("SYNCS.ARRIVE")]
@@ -129,6 +133,15 @@ def test_racecheck_handoff_compiles_for_sm90():
         assert sum(v for k, v in pp.items() if k.startswith("SYNCS.ARRIVE")) >= 4, pp
         assert any(k.startswith("SYNCS.PHASECHK") for k in pp), pp
         assert any(k.startswith("NANOSLEEP") for k in pp) == slow, pp
+    # the bisecting forms: pp's hand-offs (the same arrivals and waits) with one change each
+    count = lambda f, kind: sum(v for k, v in f.items() if k.startswith(kind))  # noqa: E731
+    for name in ("pp1lane", "ppnoidle"):
+        for kind in ("SYNCS.ARRIVE", "SYNCS.PHASECHK"):
+            assert count(c[name], kind) == count(c["pp False"], kind), (name, kind, c[name])
+    assert c["pp False"].get("STS", 0) > 0 and c["pp False"].get("LDS", 0) > 0  # 4-byte moves, 4 lanes per value
+    assert c["pp1lane"].get("STS.64", 0) > 2 and c["pp1lane"].get("LDS.64", 0) > 0  # one lane, plain 8-byte moves
+    assert "STS" not in c["pp1lane"] and not any(k.startswith(("STSM", "LDSM")) for k in c["pp1lane"])
+    assert c["ppnoidle meta"]["warps"] == 8 and c["pp False meta"]["warps"] == c["pp1lane meta"]["warps"] == 12
 
 
 _WHATIF_SM90 = r"""
