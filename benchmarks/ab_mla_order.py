@@ -17,10 +17,10 @@ import os
 import sys
 
 import torch
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dsa.bench import MLA_SHAPES, mla_inputs  # noqa: E402
+from dsa.bench import MLA_SHAPES, interleaved_us, mla_inputs  # noqa: E402
 from dsa.mla import kernel as K  # noqa: E402
 from dsa.mla.order import order_indices  # noqa: E402
 
@@ -61,12 +61,7 @@ def main():
         torch.cuda.synchronize()
         diff = max((outs["off"].float() - o.float()).abs().max().item() for o in outs.values())
         ok = not any(torch.isnan(o).any().item() for o in outs.values())
-        graph = not name.startswith("prefill")
-        times = {v: [] for v in VARIANTS}
-        for _ in range(rounds):
-            for v in VARIANTS:
-                f = fns[v]
-                times[v].append(1e3 * (do_bench_cudagraph(f, rep=100) if graph else do_bench(f, rep=200)))
+        times = interleaved_us(fns, rounds, not name.startswith("prefill"))
         t_ord = {v: 1e3 * do_bench(lambda n=n, w=w: order_indices(idx, flat.shape[0], None, n, wave=sms * w,
                                                                    groups=-(-h // 64)), rep=50)
                  for v, (n, w) in VARIANTS.items() if n}

@@ -29,13 +29,12 @@ import os
 import sys
 
 import torch
-from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from whatif_bulk import import_source  # noqa: E402
 
-from dsa.bench import mla_inputs  # noqa: E402
+from dsa.bench import interleaved_us, mla_inputs  # noqa: E402
 from dsa.mla import kernel as K  # noqa: E402
 from dsa.mla import kernel_sm90  # noqa: E402
 
@@ -159,24 +158,18 @@ def main():
             finally:
                 K.kernel_sm90 = before
 
-        graph = not name.startswith("prefill")
-        times = {v: [] for v in VARIANTS}
+        times = {v: [float("nan")] for v in VARIANTS}
         runs = []
         for v in VARIANTS:
             if not applies(v, h):
-                times[v] = [float("nan")]
                 continue
             try:
                 call(v)
                 torch.cuda.synchronize()
                 runs.append(v)
-            except Exception as e:  # e.g. nbuf3 at 32 heads: out of shared memory
+            except Exception as e:  # e.g. a variant out of shared memory
                 print(f"# {name} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                times[v] = [float("nan")]
-        for _ in range(rounds):
-            for v in runs:
-                f = (lambda v=v: call(v))
-                times[v].append(1e3 * (do_bench_cudagraph(f, rep=100) if graph else do_bench(f, rep=200)))
+        times.update(interleaved_us({v: (lambda v=v: call(v)) for v in runs}, rounds, not name.startswith("prefill")))
         med = {v: sorted(x)[len(x) // 2] for v, x in times.items()}
         print(name, {v: [round(x, 1) for x in xs] for v, xs in times.items()}, flush=True)
         table.append((name, med))

@@ -66,6 +66,19 @@ def decode_ms(fn, device, label: str, log=print, rep: int = 200, warmup: int = 2
     return min(ms, ms_graph)
 
 
+def interleaved_us(fns: dict, rounds: int, graph: bool) -> dict:
+    """A/B timings (GPU): ``rounds`` rounds, each timing every ``fns[name]()`` once in turn, so that the clock and
+    the board's power state drift alike for all; microseconds per round, by name. ``graph``: CUDA-graph replay
+    (``do_bench_cudagraph``, decode), else ``do_bench`` (many-token calls)."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(1e3 * (do_bench_cudagraph(fn, rep=100) if graph else do_bench(fn, rep=200)))
+    return times
+
+
 def calc_diff(x, y) -> float:
     """DeepGEMM's ``1 - 2·Σxy / Σ(x² + y²)`` (0 when equal)."""
     x, y = x.double(), y.double()

@@ -138,3 +138,21 @@ def test_run_checkpoint(capsys, tmp_path):
     assert rep["model"]["source"] == d and rep["model"]["layers"] == 3 and rep["model"]["vocab"] == 512
     assert [r["status"] for r in rep["requests"]] == ["finished"] * 3
     assert rep["engine"]["cuda_graph"] == "off"
+
+
+def test_interleaved_us_rounds(monkeypatch):
+    """``dsa.bench.interleaved_us`` (the A/B scripts' timing): every round times each function once, in the given
+    order, by CUDA-graph replay for decode and ``do_bench`` otherwise; microseconds per round."""
+    import triton.testing
+
+    from dsa.bench import interleaved_us
+
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, rep: (calls.append(("eager", fn())), 0.5)[1])
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep: (calls.append(("graph", fn())), 0.25)[1])
+    fns = {"a": lambda: "a", "b": lambda: "b"}
+    assert interleaved_us(fns, 3, graph=False) == {"a": [500.0] * 3, "b": [500.0] * 3}
+    assert calls == [("eager", "a"), ("eager", "b")] * 3
+    calls.clear()
+    assert interleaved_us(fns, 2, graph=True) == {"a": [250.0] * 2, "b": [250.0] * 2}
+    assert calls == [("graph", "a"), ("graph", "b")] * 2
