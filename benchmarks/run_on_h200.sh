@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and measures everything (248 s on an H200 at 1f192b3, before dsa bench had the
-# small-head rows):
+# small-head rows; at bacf7df on an H100 with an empty Triton cache, the tests alone ran past 330 s at 8 workers,
+# while with the cache filled they took 101 s at 12 workers: on a fresh machine run STAGES=tests first, then the
+# rest in a second call while the machine is warm):
 #   1. the whole test suite with the GPU shapes (pytest-xdist and hypothesis carried as wheels
 #      in .whl/ when the machine lacks them; see the device tool's README), the fp8 ops on both e4m3fn paths,
 #      without the cross-target compile tests,
@@ -14,28 +16,47 @@
 #      (benchmarks/power_probe.py: every kernel here runs at the 700 W cap, so the clock varies by machine),
 #   6. small-head decode at the defaults (h_q 16/32, both formats, batch 1-128; CUDA graphs), the rows of
 #      the sparse-MLA goal that asks for 70% of the bandwidth floor.
+# STAGES picks a subset, space-separated (default: all): tests run bench power decode.
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh
-N=${WORKERS:-8}
+N=${WORKERS:-16}  # (the machine's 16 CPU cores: an empty Triton cache makes the tests compile-bound)
+STAGES=" ${STAGES:-tests run bench power decode} "
+on() { [[ $STAGES == *" $1 "* ]]; }
 # (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
-timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
-  -k "not portable_kernels_compile_and_fit" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
-TRITON_CACHE_DIR=/tmp/triton_cache_empty timeout 200 python3 -m dsa run --no-progress > "$OUT/run_triton_cold.txt" 2>&1
-echo "run rc=$?" >> "$OUT/run_triton_cold.txt"
-timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
-timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 --warmup off > "$OUT/run_reference.txt" 2>&1
-echo "run rc=$?" >> "$OUT/run_reference.txt"
-timeout 240 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench.txt"
-timeout 90 python3 benchmarks/power_probe.py 2 > "$OUT/power.txt" 2>&1; echo "power rc=$?" >> "$OUT/power.txt"
-timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out "$OUT/decode.jsonl" \
-  > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
-echo "== pytest";    grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3
-echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
-echo "== dsa run";   cat "$OUT/run_triton.txt"
-echo "== reference"; tail -25 "$OUT/run_reference.txt"
-echo "== bench";     tail -50 "$OUT/bench.txt"
-echo "== power";     tail -9 "$OUT/power.txt"
-echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
+if on tests; then
+  timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
+    -k "not portable_kernels_compile_and_fit" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
+fi
+if on run; then
+  TRITON_CACHE_DIR=/tmp/triton_cache_empty timeout 200 python3 -m dsa run --no-progress > "$OUT/run_triton_cold.txt" 2>&1
+  echo "run rc=$?" >> "$OUT/run_triton_cold.txt"
+  timeout 150 python3 -m dsa run --no-progress > "$OUT/run_triton.txt" 2>&1; echo "run rc=$?" >> "$OUT/run_triton.txt"
+  timeout 150 python3 -m dsa run --no-progress --backend reference --decode-steps 16 --warmup off \
+    > "$OUT/run_reference.txt" 2>&1
+  echo "run rc=$?" >> "$OUT/run_reference.txt"
+fi
+if on bench; then
+  timeout 240 python3 -m dsa bench ${BENCH_ARGS:-} --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1
+  echo "bench rc=$?" >> "$OUT/bench.txt"
+fi
+if on power; then
+  timeout 90 python3 benchmarks/power_probe.py 2 > "$OUT/power.txt" 2>&1; echo "power rc=$?" >> "$OUT/power.txt"
+fi
+if on decode; then
+  timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out "$OUT/decode.jsonl" \
+    > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
+fi
+if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
+if on run; then
+  echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
+  echo "== dsa run";   cat "$OUT/run_triton.txt"
+  echo "== reference"; tail -25 "$OUT/run_reference.txt"
+fi
+if on bench; then echo "== bench"; tail -50 "$OUT/bench.txt"; fi
+if on power; then echo "== power"; tail -9 "$OUT/power.txt"; fi
+if on decode; then
+  echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
+fi
