@@ -19,10 +19,17 @@ before every read. Variants:
 * ``pp1lane`` / ``ppnoidle``: ``pp`` with one change each, to find what in it draws racecheck's reports when ``loop``
   draws none (forty-eighth session): ``pp1lane`` holds each value in one lane (256 values, two per thread, plain
   8-byte shared loads and stores) instead of 4 (a row of the wgmma result), ``ppnoidle`` has no third partition.
+  Both still drew the reports (forty-ninth session: 18 and 34).
+* ``oneplain`` / ``noneplain`` / ``loopplain``: the controls with plain shared moves. With one value per thread,
+  ``one``, ``none`` and ``loop`` move their values by ``stmatrix`` / ``ldmatrix`` (the sm_90a SASS has ``STSM`` /
+  ``LDSM`` and no ``STS`` / ``LDS`` for them), while ``pp`` moves them by ``st.shared`` / ``ld.shared``. If racecheck
+  does not follow the matrix moves, the controls' silence says nothing about the hand-off. These forms hold 256
+  values, two per thread (8-byte ``STS.64`` / ``LDS.64``), with the same arrivals, waits and barriers.
 
 Each variant's result is checked (the default partition must read the worker's values). Run it under the tool:
 
-    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py [one|loop|none|pp|ppslow|pp1lane|ppnoidle]
+    compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py \
+        [one|loop|none|pp|ppslow|pp1lane|ppnoidle|oneplain|noneplain|loopplain]
 """
 from __future__ import annotations
 
@@ -40,10 +47,11 @@ ROUNDS = gl.constexpr(8)
 
 
 @gluon.jit
-def _loop_default(buf, bar, out_ptr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    i = gl.arange(0, N, layout)
-    acc = gl.zeros([N], gl.float32, layout)
+def _loop_default(buf, bar, out_ptr, PLAIN: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1 + PLAIN], [32], [4], [0])
+    NV: gl.constexpr = N * (1 + PLAIN)
+    i = gl.arange(0, NV, layout)
+    acc = gl.zeros([NV], gl.float32, layout)
     for r in range(ROUNDS):
         buf.store((i + r).to(gl.float32))
         gl.thread_barrier()
@@ -54,8 +62,8 @@ def _loop_default(buf, bar, out_ptr):
 
 
 @gluon.jit
-def _loop_worker(buf, bar):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _loop_worker(buf, bar, PLAIN: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1 + PLAIN], [32], [4], [0])
     for r in range(ROUNDS):
         mbarrier.wait(bar.index(0), r & 1)
         v = buf.load(layout)  # what a thread of the other partition stored
@@ -65,46 +73,49 @@ def _loop_worker(buf, bar):
 
 
 @gluon.jit
-def _loop_kernel(out_ptr):
-    buf = gl.allocate_shared_memory(gl.float32, [N], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+def _loop_kernel(out_ptr, PLAIN: gl.constexpr = False):
+    buf = gl.allocate_shared_memory(gl.float32, [N * (1 + PLAIN)], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bar.index(0), count=1)
     mbarrier.init(bar.index(1), count=1)
     gl.thread_barrier()
-    gl.warp_specialize([(_loop_default, (buf, bar, out_ptr)), (_loop_worker, (buf, bar))], [4], [48])
+    gl.warp_specialize([(_loop_default, (buf, bar, out_ptr, PLAIN)), (_loop_worker, (buf, bar, PLAIN))], [4], [48])
 
 
 @gluon.jit
-def _reader(buf, bar, out_ptr, MODE: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _reader(buf, bar, out_ptr, MODE: gl.constexpr, PLAIN: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1 + PLAIN], [32], [4], [0])
+    NV: gl.constexpr = N * (1 + PLAIN)
     if MODE == 0:
         mbarrier.wait(bar, 0)
-    i = gl.arange(0, N, layout)
+    i = gl.arange(0, NV, layout)
     # thread i reads element i, which thread i of the other partition (another warp) stored, and stores it one place
     # down (out[i - 1]): the check in main() sees that each value came from the other partition and where it landed
     vals = buf.load(layout)
-    gl.store(out_ptr + (i + N - 1) % N, vals)
+    gl.store(out_ptr + (i + NV - 1) % NV, vals)
 
 
 @gluon.jit
-def _writer(buf, bar, MODE: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _writer(buf, bar, MODE: gl.constexpr, PLAIN: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1 + PLAIN], [32], [4], [0])
+    NV: gl.constexpr = N * (1 + PLAIN)
     if MODE == 0:
-        i = gl.arange(0, N, layout)
+        i = gl.arange(0, NV, layout)
         buf.store((i * 3 + 1).to(gl.float32))
         gl.thread_barrier()
         mbarrier.arrive(bar)
 
 
 @gluon.jit
-def _handoff_kernel(out_ptr, MODE: gl.constexpr):
-    buf = gl.allocate_shared_memory(gl.float32, [N], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+def _handoff_kernel(out_ptr, MODE: gl.constexpr, PLAIN: gl.constexpr = False):
+    NV: gl.constexpr = N * (1 + PLAIN)
+    buf = gl.allocate_shared_memory(gl.float32, [NV], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     if MODE == 1:
-        buf.store(gl.full([N], 1.0, gl.float32, gl.BlockedLayout([1], [32], [4], [0])))
+        buf.store(gl.full([NV], 1.0, gl.float32, gl.BlockedLayout([1 + PLAIN], [32], [4], [0])))
     mbarrier.init(bar, count=1)
     gl.thread_barrier()
-    gl.warp_specialize([(_reader, (buf, bar, out_ptr, MODE)), (_writer, (buf, bar, MODE))], [4], [48])
+    gl.warp_specialize([(_reader, (buf, bar, out_ptr, MODE, PLAIN)), (_writer, (buf, bar, MODE, PLAIN))], [4], [48])
 
 
 @gluon.jit
@@ -206,17 +217,20 @@ def _pp_want(dev, nv=64):
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "one"
-    out = torch.full((512 if mode == "pp1lane" else 128,), float("nan"), device="cuda")
-    i = torch.arange(128, device="cuda")
+    plain = mode.endswith("plain")  # oneplain / loopplain / noneplain: the control with plain shared moves
+    base = mode[:-len("plain")] if plain else mode
+    nv = 256 if plain else 128
+    out = torch.full((512 if mode == "pp1lane" else nv,), float("nan"), device="cuda")
+    i = torch.arange(nv, device="cuda")
     if mode in ("pp", "ppslow", "pp1lane", "ppnoidle"):
         _pp_kernel[(1,)](out, SLOW=mode == "ppslow", REP=mode != "pp1lane", IDLE=mode != "ppnoidle", num_warps=4)
         want = _pp_want("cuda", 256 if mode == "pp1lane" else 64)
-    elif mode == "loop":
-        _loop_kernel[(1,)](out, num_warps=4)
+    elif base == "loop":
+        _loop_kernel[(1,)](out, PLAIN=plain, num_warps=4)
         want = sum(2.0 * (i + r) for r in range(ROUNDS.value)).float()
     else:
-        _handoff_kernel[(1,)](out, MODE={"one": 0, "none": 1}[mode], num_warps=4)
-        want = torch.ones(128, device="cuda") if mode == "none" else ((i + 1) % 128 * 3 + 1).float()
+        _handoff_kernel[(1,)](out, MODE={"one": 0, "none": 1}[base], PLAIN=plain, num_warps=4)
+        want = torch.ones(nv, device="cuda") if base == "none" else ((i + 1) % nv * 3 + 1).float()
     torch.cuda.synchronize()
     print(mode, "values", "ok" if torch.equal(out, want) else f"WRONG {out[:8].tolist()}")
 

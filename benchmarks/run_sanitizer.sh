@@ -18,14 +18,17 @@
 #   same hand-off done once (`racecheck_handoff.py one`) draws no report. Forty-eighth session (H200): `loop` (one
 #   slot both ways, phases alternating) draws none either, while `pp` / `ppslow` (`_math_pp`'s own hand-offs in its
 #   layouts, 4 lanes storing each value, beside a third partition) draw the kernel's kind (35 / 7 reports, values
-#   right): every reported pair is a store and the read after the mbarrier wait that orders it. Not explained yet:
-#   `pp1lane` (one lane per value, plain 8-byte moves) and `ppnoidle` (no third partition) each take away one
-#   thing `pp` has and `loop` lacks; whichever stops drawing reports names the cause.
+#   right): every reported pair is a store and the read after the mbarrier wait that orders it. Forty-ninth (H100):
+#   `pp1lane` (one lane per value, plain 8-byte moves) and `ppnoidle` (no third partition) still draw them (18 /
+#   34). The SASS shows why the controls may be silent: `one`, `none` and `loop` move their values by stmatrix /
+#   ldmatrix, `pp` by plain st.shared / ld.shared. `oneplain` / `noneplain` / `loopplain` (the controls with plain
+#   moves) tell whether racecheck reports any mbarrier hand-off between partitions that it can see.
 # * Under racecheck and synccheck, every test that launched clusters (the in-kernel split merge: `rows_kernel` and
 #   `rows_moving_max` at 3 tokens, `variants_prefer_l1` at 4) ran past 500 s, and every test that finished launched
 #   none (forty-eighth session). So those jobs run with `--no-clusters` (conftest: the merge kernel instead) and
-#   without the cluster tests, and a job of their own (`*_cluster`, CLUSTER_LIMIT seconds) runs the first
-#   cluster-merge case under each tool, to show whether cluster launches finish there at all.
+#   without the cluster tests; so run, synccheck finished all 17 Gluon tests with no error (forty-ninth). A job of
+#   their own (`*_cluster`, CLUSTER_LIMIT seconds) runs the first cluster-merge case under each tool: it did not
+#   finish in 150 s under either (forty-ninth).
 # * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
 #   is a cudaMalloc, which the capture forbids.
 #
@@ -75,7 +78,7 @@ for tool in $TOOLS; do
     racecheck)
       (echo "== the ping-pong's hand-offs in this machine's SASS (no tool)"
       python3 -m pytest -p no:cacheprovider -q tests/test_mla.py -k pingpong_handoffs 2>&1 | tail -1
-      for m in one loop none pp ppslow pp1lane ppnoidle; do
+      for m in one loop none pp ppslow pp1lane ppnoidle oneplain noneplain loopplain; do
         echo "== racecheck_handoff.py $m"
         timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/racecheck_handoff.py $m
       done) > "$OUT/racecheck_handoff.txt" 2>&1 &

@@ -103,10 +103,12 @@ def test_whatif_variants_still_apply():
 _HANDOFF = r"""
 import racecheck_handoff as R
 
-for mode in (0, 1):
-    k = G.compile_sm90(R._handoff_kernel, dict(MODE=mode), {"out_ptr": "*fp32"}, 4)
-    out[f"handoff {mode}"] = G.sass_counts(k, PRE)
-out["loop"] = G.sass_counts(G.compile_sm90(R._loop_kernel, {}, {"out_ptr": "*fp32"}, 4), PRE)
+for plain in (False, True):
+    for mode in (0, 1):
+        k = G.compile_sm90(R._handoff_kernel, dict(MODE=mode, PLAIN=plain), {"out_ptr": "*fp32"}, 4)
+        out[f"handoff {mode}" + " plain" * plain] = G.sass_counts(k, PRE)
+    k = G.compile_sm90(R._loop_kernel, dict(PLAIN=plain), {"out_ptr": "*fp32"}, 4)
+    out["loop" + " plain" * plain] = G.sass_counts(k, PRE)
 for name, kw in (("pp False", {}), ("pp True", dict(SLOW=True)), ("pp1lane", dict(REP=False)),
                  ("ppnoidle", dict(IDLE=False))):
     k = G.compile_sm90(R._pp_kernel, dict(dict(SLOW=False, REP=True, IDLE=True), **kw), {"out_ptr": "*fp32"}, 4)
@@ -119,7 +121,9 @@ def test_racecheck_handoff_compiles_for_sm90():
     """``benchmarks/racecheck_handoff.py`` (what racecheck makes of the partitions' hand-off; BENCHMARKS.md,
     forty-second session): each form compiles for sm_90a, and the hand-off is there: ``one``, ``loop`` and ``pp``
     arrive on and wait for mbarriers, ``none`` does neither, and only ``ppslow`` sleeps; ``pp1lane`` and
-    ``ppnoidle`` have ``pp``'s hand-offs with one change each (one lane per value; no third partition)."""
+    ``ppnoidle`` have ``pp``'s hand-offs with one change each (one lane per value; no third partition); the plain
+    controls (``oneplain``, ``noneplain``, ``loopplain``) move by plain shared loads and stores what ``one``,
+    ``none`` and ``loop`` move by ``stmatrix`` / ``ldmatrix``, with the same synchronisation."""
     c = compiled_in_subprocess(_HANDOFF, ("SYNCS", "BAR", "LDS", "STS", "NANOSLEEP"))
     one, none, loop = c["handoff 0"], c["handoff 1"], c["loop"]
     arrive = [k for k in one if k.startswith("SYNCS.ARRIVE")]
@@ -141,6 +145,16 @@ def test_racecheck_handoff_compiles_for_sm90():
     assert c["pp False"].get("STS", 0) > 0 and c["pp False"].get("LDS", 0) > 0  # 4-byte moves, 4 lanes per value
     assert c["pp1lane"].get("STS.64", 0) > 2 and c["pp1lane"].get("LDS.64", 0) > 0  # one lane, plain 8-byte moves
     assert "STS" not in c["pp1lane"] and not any(k.startswith(("STSM", "LDSM")) for k in c["pp1lane"])
+    # the controls: one / loop hand their values over by stmatrix / ldmatrix (racecheck drew no report on them), the
+    # plain forms by 8-byte st.shared / ld.shared, with the same arrivals, waits and barriers
+    for name in ("handoff 0", "handoff 1", "loop"):
+        base, plain = c[name], c[name + " plain"]
+        moved = lambda f: {k: v for k, v in f.items() if k.startswith(("LDSM", "STSM", "LDS.64", "STS.64"))}  # noqa: E731
+        assert set(moved(base)) == {"LDSM.16.M88", "STSM.16.M88"}, (name, base)
+        assert set(moved(plain)) == {"LDS.64", "STS.64"} and sorted(moved(plain).values()) == sorted(
+            moved(base).values()), (name, plain)
+        for kind in ("SYNCS", "BAR"):
+            assert count(plain, kind) == count(base, kind), (name, kind, plain)
     assert c["ppnoidle meta"]["warps"] == 8 and c["pp False meta"]["warps"] == c["pp1lane meta"]["warps"] == 12
 
 
