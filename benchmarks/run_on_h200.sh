@@ -46,8 +46,9 @@ if on power; then
   timeout 90 python3 benchmarks/power_probe.py 2 > "$OUT/power.txt" 2>&1; echo "power rc=$?" >> "$OUT/power.txt"
 fi
 if on decode; then
-  timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out "$OUT/decode.jsonl" \
-    > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
+  # (its JSON lines appended to the log: the device tool brings back at most 8 files, and this call writes 8 others)
+  timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out /tmp/decode.jsonl \
+    > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"; cat /tmp/decode.jsonl >> "$OUT/decode.txt"
 fi
 if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
 if on run; then
