@@ -49,7 +49,8 @@ if on decode; then
   # (its JSON lines appended to the log: the device tool brings back at most 8 files, and this call writes 8 others)
   rm -f /tmp/decode.jsonl  # (a warm machine may hold an earlier call's)
   timeout 200 python3 benchmarks/sweep.py --groups mla_decode_defaults --workers 8 --out /tmp/decode.jsonl \
-    > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"; cat /tmp/decode.jsonl >> "$OUT/decode.txt" 2>/dev/null
+    > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
+  cat /tmp/decode.jsonl >> "$OUT/decode.txt" 2>/dev/null
 fi
 if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
 if on run; then

@@ -26,9 +26,9 @@
 # * Under racecheck and synccheck, every test that launched clusters (the in-kernel split merge: `rows_kernel` and
 #   `rows_moving_max` at 3 tokens, `variants_prefer_l1` at 4) ran past 500 s, and every test that finished launched
 #   none (forty-eighth session). So those jobs run with `--no-clusters` (conftest: the merge kernel instead) and
-#   without the cluster tests; so run, synccheck finished its 17 Gluon tests (one case each) with no error (forty-ninth). A job of
-#   their own (`*_cluster`, CLUSTER_LIMIT seconds) runs the first cluster-merge case under each tool: it did not
-#   finish in 150 s under either (forty-ninth).
+#   without the cluster tests; so run, synccheck finished its 17 Gluon tests (one case each) with no error
+#   (forty-ninth). A job of their own (`*_cluster`, CLUSTER_LIMIT seconds) runs the first cluster-merge case under
+#   each tool: it did not finish in 150 s under either (forty-ninth).
 # * Tests that capture CUDA graphs are left out: with the caching allocator off, each allocation inside a capture
 #   is a cudaMalloc, which the capture forbids.
 #
