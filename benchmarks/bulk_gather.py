@@ -211,7 +211,8 @@ def sass_lines(kernel) -> list:
     """The compiled kernel's SASS as ``(offset, file, line, instruction)`` rows in address order (Triton's bundled
     ``nvdisasm -g``): the source file's base name and line each instruction came from, as Triton's line info
     holds them (``("", 0)`` before the first marker); the instruction with its predicate, without the ``;``, branch
-    targets as offsets (``BRA 0x2f40``)."""
+    targets as offsets (``BRA 0x2f40``; an indirect branch's table too: ``BRX R4 -0x1b0 (*"BRANCH_TARGETS
+    0x60,0x2f40"*)``)."""
     import subprocess
     import tempfile
 
@@ -235,8 +236,13 @@ def sass_lines(kernel) -> list:
             labels.update((name, int(m[1], 16)) for name in pending)
             pending = []
             rows.append((int(m[1], 16), *where, m[2]))
-    # branch targets as offsets: "BRA `(.L_x_8)" -> "BRA 0x2f40"
-    return [(o, f, n, re.sub(r"`\((\.L_x_\d+)\)", lambda t: hex(labels[t[1]]), i)) for o, f, n, i in rows]
+    # branch targets as offsets: "BRA `(.L_x_8)" -> "BRA 0x2f40"; "BRANCH_TARGETS .L_x_2,.L_x_8" -> "... 0x60,0x2f40"
+    def offsets(i):
+        i = re.sub(r"`\((\.L_x_\d+)\)", lambda t: hex(labels[t[1]]), i)
+        return re.sub(r"BRANCH_TARGETS ([.\w,]+)",
+                      lambda t: "BRANCH_TARGETS " + ",".join(hex(labels[x]) for x in t[1].split(",")), i)
+
+    return [(o, f, n, offsets(i)) for o, f, n, i in rows]
 
 
 def sass_counts(kernel, prefixes):

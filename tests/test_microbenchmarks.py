@@ -161,7 +161,7 @@ def test_racecheck_handoff_compiles_for_sm90():
 _WHATIF_SM90 = r"""
 import whatif_sm90 as W
 
-for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none"):
+for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "cols2"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
         k = W.compile_sm90(mod, fp8, bh)
@@ -192,3 +192,8 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert c["nosoftmax 32"] == c["real 32"]  # (32-head groups take the lazy softmax, untouched by it)
     for bh in (16, 32):  # none: neither, so only q's shared memory is left
         assert c[f"none {bh}"]["wgmma"] == c[f"none {bh}"]["cp"] == 0 and c[f"none {bh}"]["smem"] < 40 * 1024
+    for bh in (16, 32):  # cols2: the same products (P.V in two halves of 16), a second P slot and the hand-off slots
+        real, cols2 = c[f"real {bh}"], c[f"cols2 {bh}"]
+        assert {k: cols2[k] for k in ("wgmma", "cp", "ex2", "ld")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "ld")}
+        assert 0 < cols2["smem"] - real["smem"] <= 64 * bh * 2 + 4 * 4 * bh + 64, (cols2, real)
+        assert cols2["waits"] > real["waits"]
