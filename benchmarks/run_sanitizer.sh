@@ -21,8 +21,10 @@
 #   right): every reported pair is a store and the read after the mbarrier wait that orders it. Forty-ninth (H100):
 #   `pp1lane` (one lane per value, plain 8-byte moves) and `ppnoidle` (no third partition) still draw them (18 /
 #   34). The SASS shows why the controls may be silent: `one`, `none` and `loop` move their values by stmatrix /
-#   ldmatrix, `pp` by plain st.shared / ld.shared. `oneplain` / `noneplain` / `loopplain` (the controls with plain
-#   moves) tell whether racecheck reports any mbarrier hand-off between partitions that it can see.
+#   ldmatrix, `pp` by plain st.shared / ld.shared. Fiftieth (H100): with plain moves the controls draw them too
+#   (`oneplain`, one hand-off with right values: 1,016 hazards, the store against the load after the wait;
+#   `loopplain` 3 x 1,016; `noneplain` only the region start). So racecheck reports every mbarrier hand-off between
+#   partitions that it can see: those reports are the tool's, not races.
 # * Under racecheck and synccheck, every test that launched clusters (the in-kernel split merge: `rows_kernel` and
 #   `rows_moving_max` at 3 tokens, `variants_prefer_l1` at 4) ran past 500 s, and every test that finished launched
 #   none (forty-eighth session). So those jobs run with `--no-clusters` (conftest: the merge kernel instead) and

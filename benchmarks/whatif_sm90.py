@@ -14,6 +14,10 @@ one kind of work removed (WRONG values), imported under another name and swapped
   all their work at once, on whatever the buffers hold. About the fill alone or the math alone (whichever is longer):
   the real kernel loses its time to the hand-offs (more buffering would help); about the real time: the two slow
   each other down where they run together (shared memory, issue slots), and no schedule of the same work helps.
+* ``loadonly`` (fp8_ds_mla; with ``nomath``): the producers load every raw row and scale as before, but store only a
+  quarter of the tile, from the four groups XOR-ed as bytes (one conversion instead of four): the fill's loads alone.
+* ``fewstores`` (fp8_ds_mla; with ``nomath``): every group dequantised as before, only their sum stored (a quarter of
+  the stores): the fill without three quarters of its shared-memory stores.
 * ``cols2``: not a what-if but a candidate: the 16/32-head groups with two math warpgroups splitting the output
   columns (``kernel_sm90.COLS2`` on for both formats; right values). Alone only (the others' changes would leave
   its second warpgroup waiting).
@@ -60,6 +64,9 @@ FILL_START = "        if IS_FP8:  # EARLY (2 or 4)"
 FILL_WAIT = "        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)\n"
 FILL_END = "        if not LATE:\n"
 MATH_WAIT = "        mbarrier.wait(full.index(s), (i // 2) & 1)\n"
+FP8_STORES = "            kn.slice(0 * 128, 128, dim=1).store((r0.to(gl.float32) * s0[:, None]).to(gl.bfloat16))\n"
+FP8_LATER_STORES = "".join(f"            kn.slice({g} * 128, 128, dim=1).store((r{g}.to(gl.float32) * s{g}[:, None])"
+                           ".to(gl.bfloat16))\n" for g in (1, 2, 3))
 SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)\n"
 
 
@@ -92,6 +99,14 @@ def variant(name: str):
         assert parts == {"cols2"}, "cols2 combines with no other variant"
         assert src.count("COLS2 = {False: (), True: ()}") == 1
         src = src.replace("COLS2 = {False: (), True: ()}", "COLS2 = {False: (16, 32), True: (16, 32)}")
+    if parts & {"loadonly", "fewstores"}:
+        assert src.count(FP8_STORES) == 1
+        i8 = [f"r{g}.to(gl.int8, bitcast=True)" for g in range(4)]
+        one = ("((" + " ^ ".join(i8) + ").to(gl.float32) * (s0 + s1 + s2 + s3)[:, None]).to(gl.bfloat16)"
+               if "loadonly" in parts else
+               "(" + " + ".join(f"r{g}.to(gl.float32) * s{g}[:, None]" for g in range(4)) + ").to(gl.bfloat16)")
+        src = src.replace(FP8_STORES, f"            kn.slice(0, 128, dim=1).store({one})\n")
+        src = src.replace(FP8_LATER_STORES, "")
     if "nolazy" in parts:
         assert src.count("LAZY_MAX = (32,)") == 1
         src = src.replace("LAZY_MAX = (32,)", "LAZY_MAX = ()")
@@ -107,7 +122,7 @@ def variant(name: str):
     if "nowait" in parts:
         src = _drop(src, "def _math_rows(", MATH_WAIT)
         src = _drop(src, "def _producer(", FILL_WAIT)
-    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2"}
+    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2", "loadonly", "fewstores"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 

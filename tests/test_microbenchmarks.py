@@ -161,14 +161,17 @@ def test_racecheck_handoff_compiles_for_sm90():
 _WHATIF_SM90 = r"""
 import whatif_sm90 as W
 
-for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "cols2"):
+for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "cols2", "nomath+loadonly",
+          "nomath+fewstores"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
+        if ("stores" in v or "loadonly" in v) and not fp8:  # (fp8_ds_mla only)
+            continue
         k = W.compile_sm90(mod, fp8, bh)
         ptx = k.asm["ptx"]
         out[f"{v} {bh}"] = dict(wgmma=ptx.count("wgmma.mma_async"), cp=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
                                 ex2=ptx.count("ex2.approx"), ld=ptx.count("ld.global"), smem=k.metadata.shared,
-                                waits=ptx.count("mbarrier.try_wait"))
+                                waits=ptx.count("mbarrier.try_wait"), sts=ptx.count("st.shared"), cvt=ptx.count("cvt."))
 """
 
 
@@ -197,3 +200,8 @@ def test_whatif_sm90_variants_remove_what_they_claim():
         assert {k: cols2[k] for k in ("wgmma", "cp", "ex2", "ld")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "ld")}
         assert 0 < cols2["smem"] - real["smem"] <= 64 * bh * 2 + 4 * 4 * bh + 64, (cols2, real)
         assert cols2["waits"] > real["waits"]
+    # the fp8 producers' loads alone / without three quarters of their stores: the same loads, half the shared stores
+    # (the rest are the rope part's and the barriers'), fewer conversions where only the loads are left
+    nomath, loads, few = c["nomath 32"], c["nomath+loadonly 32"], c["nomath+fewstores 32"]
+    assert loads["ld"] == few["ld"] == nomath["ld"] and loads["wgmma"] == few["wgmma"] == 0
+    assert loads["sts"] == few["sts"] < nomath["sts"] and loads["cvt"] < few["cvt"] < nomath["cvt"], (loads, few, nomath)

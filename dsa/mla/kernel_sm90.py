@@ -37,7 +37,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   so no MMA work goes to padding heads. 32-head groups take P against the earlier tiles' max (``LAZY_MAX``): each
   warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
   ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
-  heads, where the producers' fill sets the time per tile).
+  heads, where the producers' fill sets the time per tile). ``COLS2`` (off: 0.5-5% slower on an H100, where the fill
+  sets these calls) adds a second math warpgroup that takes P.V over output columns 256-511 (:func:`_math_cols_hi`).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
