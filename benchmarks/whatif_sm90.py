@@ -100,7 +100,7 @@ def variant(name: str):
         assert src.count("COLS2 = {False: (), True: ()}") == 1
         src = src.replace("COLS2 = {False: (), True: ()}", "COLS2 = {False: (16, 32), True: (16, 32)}")
     if parts & {"loadonly", "fewstores"}:
-        assert src.count(FP8_STORES) == 1
+        assert src.count(FP8_STORES) == 1 and src.count(FP8_LATER_STORES) == 1
         i8 = [f"r{g}.to(gl.int8, bitcast=True)" for g in range(4)]
         one = ("((" + " ^ ".join(i8) + ").to(gl.float32) * (s0 + s1 + s2 + s3)[:, None]).to(gl.bfloat16)"
                if "loadonly" in parts else

@@ -554,7 +554,6 @@ def _math_cols_hi(k_nope_smem, p_smem, a_smem, fin_smem, full, empty, xbar, sink
     rescale its accumulator, P.V over the tile's values 256-511, then release the P slot (``xbar`` 2 + ``i % 2``)
     and its part of the buffer (``empty``). At the end it takes the sums and the max (``xbar`` 4) and stores its
     columns (no lse or max_logits: the lead stores those)."""
-    BN: gl.constexpr = 64
     DA: gl.constexpr = 256
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
     head_o: gl.constexpr = gl.SliceLayout(0, o_layout)
