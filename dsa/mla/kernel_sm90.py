@@ -13,7 +13,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
-  into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
+  into the buffer every product reads; the bf16 rope part by ``cp.async``. ``PREFETCH`` (off, not yet measured) has
+  each producer warpgroup prefetch its rows into L2 a tile or two of its own ahead. Invalid entries are
   zero-filled and masked to ``-inf`` by the math warps: NaN in unused slots cannot leak.
 * 64-head groups over the bf16 cache, the default (``PINGPONG`` in :func:`_sparse_mla_sm90_kernel`, FlashMLA's
   schedule): a ping-pong of the two math warpgroups (:func:`_math_pp`). Tile ``2p`` of pair ``p`` sits in
