@@ -49,8 +49,10 @@ def main():
             launches.append(k.get("producer"))
             return real_launch(*a, **k)
 
-        def call(pf):
-            return K.sparse_mla_triton(q, flat, idx, sm, out=out, config=dict(producer=dict(prefetch=pf)))
+        base = dict(K.SM90_ROWS_SMALL_HEADS, block_h=16 if h <= 16 else 32) if h < 64 else {}
+
+        def call(pf):  # (small heads: the rows kernel, as the defaults take it where the bulk kernel does not serve)
+            return K.sparse_mla_triton(q, flat, idx, sm, out=out, config=dict(base, producer=dict(prefetch=pf)))
 
         kernel_sm90.launch = spy
         try:
