@@ -18,6 +18,8 @@ one kind of work removed (WRONG values), imported under another name and swapped
   quarter of the tile, from the four groups XOR-ed as bytes (one conversion instead of four): the fill's loads alone.
 * ``fewstores`` (fp8_ds_mla; with ``nomath``): every group dequantised as before, only their sum stored (a quarter of
   the stores): the fill without three quarters of its shared-memory stores.
+* ``cg``: not a what-if but a candidate: the fp8 producers' row loads cached in L2 only (``.cg``; right values).
+* ``tpr8``: a candidate: 8 producer threads per row on alternate tiles too (one 128-byte request per row and group).
 * ``cols2``: not a what-if but a candidate: the 16/32-head groups with two math warpgroups splitting the output
   columns (``kernel_sm90.COLS2`` on for both formats; right values). Alone only (the others' changes would leave
   its second warpgroup waiting).
@@ -107,6 +109,15 @@ def variant(name: str):
                "(" + " + ".join(f"r{g}.to(gl.float32) * s{g}[:, None]" for g in range(4)) + ").to(gl.bfloat16)")
         src = src.replace(FP8_STORES, f"            kn.slice(0, 128, dim=1).store({one})\n")
         src = src.replace(FP8_LATER_STORES, "")
+    if "cg" in parts:  # the fp8 row loads cached in L2 only (ld.global.cg: not allocated in L1)
+        for g in range(4):
+            old = f"gl.load(base + {g} * 128, mask=m, other=0.0)"
+            assert src.count(old) in (1, 2), old
+            src = src.replace(old, f"gl.load(base + {g} * 128, mask=m, other=0.0, cache_modifier=\".cg\")")
+    if "tpr8" in parts:  # 8 producer threads per row (one 128-byte request per row and group) on alternate tiles too
+        old = "TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8"
+        assert src.count(old) == 1
+        src = src.replace(old, "TPR: gl.constexpr = 8")
     if "nolazy" in parts:
         assert src.count("LAZY_MAX = (32,)") == 1
         src = src.replace("LAZY_MAX = (32,)", "LAZY_MAX = ()")
@@ -122,7 +133,8 @@ def variant(name: str):
     if "nowait" in parts:
         src = _drop(src, "def _math_rows(", MATH_WAIT)
         src = _drop(src, "def _producer(", FILL_WAIT)
-    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2", "loadonly", "fewstores"}
+    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2", "loadonly", "fewstores",
+                       "cg", "tpr8"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 
