@@ -1018,51 +1018,6 @@ def test_gpu_sm90_rows_cols2(T, H, topk, splits, kv_format, producer, cluster, m
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,topk,splits,kv_format,producer", [
-    (64, 32, 2048, None, "fp8_ds_mla", {}), (5, 32, 1000, 3, "fp8_ds_mla", {}), (2, 16, 2048, None, "fp8_ds_mla", {}),
-    (4, 16, 640, None, "fp8_ds_mla", dict(alt=1)), (3, 32, 2048, None, "fp8_ds_mla", dict(alt=0)),
-    (7, 24, 129, 1, "fp8_ds_mla", {}), (3, 128, 1000, 2, "fp8_ds_mla", {}), (9, 16, 2048, 2, "bf16", {}),
-    (33, 32, 300, 1, "bf16", {})])
-def test_gpu_sm90_prefetch(T, H, topk, splits, kv_format, producer, monkeypatch):
-    """The producers' L2 prefetch of their rows 1 or 2 of their tiles ahead (``PF``, :data:`~dsa.mla.kernel_sm90.
-    PREFETCH`) changes no result: bitwise equal to the kernel without it and matching the reference, over both formats,
-    the 16/32-head rows kernel with both producer forms (alternate tiles from 1 tile, shared tiles) and the 64-head
-    kernel over fp8, tails past the list's end, invalid entries, empty rows, topk_length, sink, splits, NaN in unused
-    slots, poisoned outputs."""
-    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
-
-    kernel_sm90 = _sm90_or_skip()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 5, with_len=True,
-                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
-    calls = record_launches(monkeypatch, kernel_sm90, "producer")
-    flat = ref_mod.flat_kv(kv)
-    runs = []
-    for pf in (0, 1, 2):
-        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        cfg = dict(producer=dict(producer, prefetch=pf))
-        if H < 64:
-            cfg.update(SM90_ROWS_SMALL_HEADS, block_h=16 if H <= 16 else 32)
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=cfg)
-        assert got[0] is out
-        runs.append(got)
-    assert [c["prefetch"] for c in calls] == [0, 1, 2]
-    assert kernel_sm90.prefetch_bytes(*kernel_sm90_views(flat)) == (656 if kv_format == "fp8_ds_mla" else 1152)
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(runs[1], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
-    for r in runs[1:]:
-        for a, b, name in zip(runs[0], r, ("out", "max_logits", "lse")):
-            assert torch.equal(a, b), name
-
-
-def kernel_sm90_views(flat):
-    """The (values, scales, rope) views the launcher passes the Hopper kernel for a flat cache (scales ``None`` for
-    bf16)."""
-    if flat.dtype == torch.uint8:
-        return fp8_ds_mla_views(flat)
-    return flat[:, :D_V], None, flat[:, D_V:D_QK]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
@@ -1264,19 +1219,15 @@ _COMPILE_SM90 = _SM90_BUILD + r"""
 import re
 import sys
 
-# "fp8" or "bf16", optionally "/32" for a 32-head group (else 16), optionally "/cols2" for two math warpgroups and
-# "/pfN" for the producers' L2 prefetch N tiles ahead
+# "fp8" or "bf16", optionally "/32" for a 32-head group (else 16), optionally "/cols2" for two math warpgroups
 fmt, bh, *extra = sys.argv[1].split("/") + [""]
 fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-over = dict(cols2=1) if "cols2" in extra else {}
-over.update((("prefetch", int(e[2:])) for e in extra if e.startswith("pf")))
-prod = kernel_sm90.producer_config(fp8, bh, False, over)  # as launch() does
+prod = kernel_sm90.producer_config(fp8, bh, False, dict(cols2=1) if "cols2" in extra else None)  # as launch() does
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # fp8: alternate tiles
-                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], PF=prod["prefetch"],
-                  PF_BYTES=(656 if fp8 else 1152) if prod["prefetch"] else 0)
+                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
     k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
@@ -1347,17 +1298,14 @@ VARIANTS = {"64 bf16": (False, 64, False, False, 8, 0), "64 fp8": (True, 64, Fal
             "pingpong": (False, 64, True, False, 4, 0), "pingpong persistent": (False, 64, True, True, 4, 0),
             "16 fp8": (True, 16, False, False, 4, 0), "32 fp8": (True, 32, False, False, 4, 0),
             "32 bf16": (False, 32, False, False, 4, 0), "16 fp8 cols2": (True, 16, False, False, 4, 1),
-            "32 fp8 cols2": (True, 32, False, False, 4, 1), "32 bf16 cols2": (False, 32, False, False, 4, 1),
-            "32 fp8 prefetch": (True, 32, False, False, 4, 0), "64 fp8 prefetch": (True, 64, False, False, 8, 0)}
+            "32 fp8 cols2": (True, 32, False, False, 4, 1), "32 bf16 cols2": (False, 32, False, False, 4, 1)}
 for name, (fp8, bh, pp, persist, nw, cols2) in VARIANTS.items():
-    # what launch() uses for that head group (the prefetch ones with the producers' L2 prefetch one tile ahead)
-    prod = kernel_sm90.producer_config(fp8, bh, pp, dict(prefetch=1) if name.endswith("prefetch") else None)
+    prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
     consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
                   LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist, COLS2=cols2,
-                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], PF=prod["prefetch"],
-                  PF_BYTES=(656 if fp8 else 1152) if prod["prefetch"] else 0)
+                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
     out[name] = G.sass_lines(build(consts, nw))
 """
 
@@ -1562,39 +1510,18 @@ def test_sm90_producer_config():
     from dsa.mla import kernel_sm90 as K
 
     c16, c32 = (int(16 in K.COLS2[True]), int(32 in K.COLS2[True]))
-    pf8, pf16 = K.PREFETCH[True], K.PREFETCH[False]
-    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0, cols2=c16, prefetch=pf8)
+    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0, cols2=c16)
     assert K.producer_config(True, 32, False)["warps"] == 8
     assert K.producer_config(True, 32, False)["cols2"] == c32
-    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0, cols2=0,
-                                                      prefetch=pf8)
+    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0, cols2=0)
     assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                       cols2=int(16 in K.COLS2[False]), prefetch=pf16)
-    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0, cols2=0, prefetch=0)
+                                                       cols2=int(16 in K.COLS2[False]))
+    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0, cols2=0)
     assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0,
-                                                                              alt=K.PRODUCER_ROWS_FP8["alt"], cols2=c16,
-                                                                              prefetch=pf8)
+                                                                              alt=K.PRODUCER_ROWS_FP8["alt"], cols2=c16)
     assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                                      cols2=0, prefetch=pf16)
+                                                                      cols2=0)
     assert K.producer_config(False, 32, False, dict(cols2=1))["cols2"] == 1
-    assert K.producer_config(True, 32, False, dict(prefetch=2))["prefetch"] == 2
-
-
-def test_sm90_prefetch_bytes():
-    """The producers' L2 prefetch reads whole rows from each row's value address: 656 bytes over the fp8_ds_mla
-    cache, 1152 over bf16, when the launch's views are the parts of one contiguous row of that pitch; 0 (no
-    prefetch) for views of anything else."""
-    from dsa.mla import kernel_sm90 as K
-
-    kv8 = torch.zeros(8, 656, dtype=torch.uint8)
-    assert K.prefetch_bytes(*fp8_ds_mla_views(kv8)) == 656
-    nope, scales, rope = fp8_ds_mla_views(kv8)
-    assert K.prefetch_bytes(nope, scales, rope[1:]) == 0  # (the rope part of another row)
-    wide = torch.zeros(8, 672, dtype=torch.uint8)[:, :656]  # rows of a wider pitch
-    assert K.prefetch_bytes(*fp8_ds_mla_views(wide)) == 0
-    kv16 = torch.zeros(8, 576, dtype=torch.bfloat16)
-    assert K.prefetch_bytes(kv16[:, :512], None, kv16[:, 512:]) == 1152
-    assert K.prefetch_bytes(kv16[:, :512], None, kv16[:, 512:].clone()) == 0
 
 
 def test_sm90_alternate_tiles():

@@ -13,8 +13,7 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
   dequantised once (fp8 x scale in fp32, rounded to bf16, as the Triton kernel and the reference do)
-  into the buffer every product reads; the bf16 rope part by ``cp.async``. ``PREFETCH`` (off, not yet measured) has
-  each producer warpgroup prefetch its rows into L2 a tile or two of its own ahead. Invalid entries are
+  into the buffer every product reads; the bf16 rope part by ``cp.async``. Invalid entries are
   zero-filled and masked to ``-inf`` by the math warps: NaN in unused slots cannot leak.
 * 64-head groups over the bf16 cache, the default (``PINGPONG`` in :func:`_sparse_mla_sm90_kernel`, FlashMLA's
   schedule): a ping-pong of the two math warpgroups (:func:`_math_pp`). Tile ``2p`` of pair ``p`` sits in
@@ -84,7 +83,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from ..constants import D_QK, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_ROW_BYTES, FP8_DS_MLA_SCALE_OFFSET
 from .epilogue import merge_weights, row_stats
 
 BLOCK_H = 64
@@ -132,13 +130,6 @@ PERSIST = True
 #: the lead keeps 256.
 COLS2 = {False: (), True: ()}
 COLS2_REGS = {False: 128, True: 96}
-#: L2 prefetch of the gathered rows by :func:`_producer` (``PF``), per cache format (keyed by "fp8_ds_mla"): at the
-#: top of each of its tiles a producer warpgroup issues one ``cp.async.bulk.prefetch.L2`` per valid row of its tile
-#: ``PF`` of its own tiles ahead (0: off), so that more of the rows' DRAM reads are in flight than its registers and
-#: the two buffers hold (the fill alone streams at 2.3-2.8 TB/s, a read-only walk needs about 170 KB in flight per SM
-#: for 3.1-3.3: BENCHMARKS.md, twenty-third and forty-eighth sessions). Whole rows only: where the launch's views
-#: are one contiguous row (656 bytes fp8_ds_mla, 1152 bf16; :func:`prefetch_bytes`). Off until measured faster.
-PREFETCH = {False: 0, True: 0}
 
 
 @gluon.jit
@@ -292,41 +283,16 @@ def _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os,
 
 
 @gluon.jit
-def _pf_rows(nope_ptr, stride_nope, idx_row, n0, stop, S, BN: gl.constexpr, a, R: gl.constexpr):
-    """The row addresses of index-list entries ``[n0, n0 + BN)`` (lane ``a`` holds entry ``n0 + a // R`` where ``a``
-    is a multiple of ``R``: each warp's lanes take an equal share, since ptxas issues the prefetches of a warp one
-    lane at a time) and whether each is a valid entry to prefetch."""
-    offs = n0 + a // R
-    ok = (a % R == 0) & (offs < stop)
-    idx = gl.load(idx_row + offs, mask=ok, other=-1)
-    ok = ok & (idx >= 0) & (idx < S)
-    return nope_ptr + gl.where(ok, idx, 0).to(gl.int64) * stride_nope, ok
-
-
-@gluon.jit
-def _prefetch_l2(ptrs, ok, NBYTES: gl.constexpr):
-    """``cp.async.bulk.prefetch.L2`` of ``NBYTES`` (a multiple of 16) from each 16-byte aligned ``ptrs`` where
-    ``ok``: no destination, no completion to wait for."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptrs, ok.to(gl.int32), gl.full(ok.shape, NBYTES, gl.int32, ok.type.layout)], dtype=gl.int32,
-        is_pure=False, pack=1)
-
-
-@gluon.jit
 def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale, rope_ptr,
               stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8: gl.constexpr, PW: gl.constexpr,
-              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1,
-              PF: gl.constexpr = 0, PF_BYTES: gl.constexpr = 0):
+              EARLY: gl.constexpr, CLUSTER: gl.constexpr, PAR: gl.constexpr = 0, STEP: gl.constexpr = 1):
     """Producer warpgroup: for each tile, wait until the math warps have released its buffer (``empty``),
     fill it (bf16: ``cp.async`` of the gathered rows; fp8_ds_mla: the raw values and scales loaded into
     registers *before* that wait, then dequantised (fp8 x group scale in fp32, rounded to bf16) into the
     buffer, the rope part by ``cp.async``), make it visible to wgmma and signal ``full``. Invalid entries
     are zero-filled and masked by the math warps: NaN in unused slots cannot leak. ``PW`` warps fill each tile;
     with ``STEP`` 2 this warpgroup fills only the tiles ``PAR, PAR + 2, ...`` (always buffer ``PAR``) and another
-    one the others, so one loads while the other dequantises. ``PF`` > 0 (and ``PF_BYTES``, the bytes of a whole
-    row): at the top of each of its tiles, after that tile's row loads, prefetch into L2 the rows of its tile ``PF``
-    steps ahead (:data:`PREFETCH`), whose index entries it loaded at the end of the tile before."""
+    one the others, so one loads while the other dequantises."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -351,11 +317,6 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     else:
         row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
     valid, rows = _tile_rows(idx_row, start + PAR * BN, stop, S, BN, row_l)
-    if PF > 0:  # one index entry per PF_R lanes
-        PF_R: gl.constexpr = 32 * PW // BN
-        pf_a = gl.arange(0, 32 * PW, gl.BlockedLayout([1], [32], [PW], [0]))
-        pf_ptrs, pf_ok = _pf_rows(nope_ptr, stride_nope, idx_row, start + (PAR + PF * STEP) * BN, stop, S, BN, pf_a,
-                                  PF_R)
     for i in range(PAR, n_tiles, STEP):
         s = i % 2
         if IS_FP8:  # EARLY (2 or 4) of the four raw groups loaded before the wait, the rest while storing
@@ -371,8 +332,6 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
                 r3 = gl.load(base + 3 * 128, mask=m, other=0.0)
                 s2 = gl.load(sb + 2, mask=valid, other=0.0)
                 s3 = gl.load(sb + 3, mask=valid, other=0.0)
-        if PF > 0:
-            _prefetch_l2(pf_ptrs, pf_ok, PF_BYTES)
         mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)
         if IS_FP8:
             valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
@@ -397,18 +356,12 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
                         rows, DV, DR, cp_l)
         if not LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)  # the next tile's indices
-            if PF > 0:
-                pf_ptrs, pf_ok = _pf_rows(nope_ptr, stride_nope, idx_row, start + (i + (PF + 1) * STEP) * BN, stop, S,
-                                          BN, pf_a, PF_R)
         cp.wait_group(0)  # this thread's copies of the tile have landed
         fence_async_shared()
         gl.thread_barrier()  # every producer thread's part is in (the producer warps only)
         mbarrier.arrive(full.index(s))
         if LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)
-            if PF > 0:
-                pf_ptrs, pf_ok = _pf_rows(nope_ptr, stride_nope, idx_row, start + (i + (PF + 1) * STEP) * BN, stop, S,
-                                          BN, pf_a, PF_R)
     if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
         _cluster_barrier(PW, False)
 
@@ -988,7 +941,6 @@ def _sparse_mla_sm90_kernel(
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
     LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, COLS2: gl.constexpr = 0, COLS2_REGS: gl.constexpr = 0,
-    PF: gl.constexpr = 0, PF_BYTES: gl.constexpr = 0,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -1086,7 +1038,7 @@ def _sparse_mla_sm90_kernel(
                             lse_ptr, t, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, HAS_SINK, SPLIT)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
-                             CLUSTER, 0, 1, PF, PF_BYTES)),
+                             CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif COLS2 and ALT:
             gl.warp_specialize([
@@ -1098,11 +1050,9 @@ def _sparse_mla_sm90_kernel(
                                  stride_ot, stride_oh, stride_os, t64, hg, sid, T, h_q, n_tiles, BH, HAS_SINK, SPLIT,
                                  CLUSTER)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2, PF,
-                             PF_BYTES)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2, PF,
-                             PF_BYTES)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
             ], [4, 4, 4], [COLS2_REGS, PRODUCER_REGS, PRODUCER_REGS])
         elif COLS2:
             gl.warp_specialize([
@@ -1115,7 +1065,7 @@ def _sparse_mla_sm90_kernel(
                                  CLUSTER)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
-                             CLUSTER, 0, 1, PF, PF_BYTES)),
+                             CLUSTER)),
             ], [4, PRODUCER_WARPS], [COLS2_REGS, PRODUCER_REGS])
         elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
             gl.warp_specialize([
@@ -1124,11 +1074,9 @@ def _sparse_mla_sm90_kernel(
                               lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
                               SPLIT, m_smem, LAZY)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2, PF,
-                             PF_BYTES)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2, PF,
-                             PF_BYTES)),
+                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
             ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -1138,7 +1086,7 @@ def _sparse_mla_sm90_kernel(
                               SPLIT, m_smem, LAZY)),
                 (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
-                             CLUSTER, 0, 1, PF, PF_BYTES)),
+                             CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
     if CLUSTER > 1:  # every CTA of the cluster has stored its partials: merge them
         NW: gl.constexpr = 4 if PINGPONG or BH < 64 else 8
@@ -1229,23 +1177,7 @@ def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict |
     else:
         base = PRODUCER[is_fp8]
     cols2 = int(not pingpong and block_h < BLOCK_H and block_h in COLS2[is_fp8])
-    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2,
-            "prefetch": 0 if pingpong else PREFETCH[is_fp8], **(producer or {})}
-
-
-def prefetch_bytes(nope: torch.Tensor, scales: torch.Tensor | None, rope: torch.Tensor) -> int:
-    """The bytes of one whole cache row that :func:`_producer`'s L2 prefetch reads from each row's value address:
-    656 (fp8_ds_mla) or 1152 (bf16) where the launch's views (values, scales, rope part) are the parts of one
-    contiguous row of that pitch, else 0 (no prefetch)."""
-    b, es = nope.data_ptr(), nope.element_size()
-    if nope.dtype == torch.bfloat16:
-        whole = D_QK * 2
-        parts = rope.data_ptr() == b + D_V * 2
-    else:
-        whole = FP8_DS_MLA_ROW_BYTES
-        parts = (scales is not None and scales.data_ptr() == b + FP8_DS_MLA_SCALE_OFFSET
-                 and rope.data_ptr() == b + FP8_DS_MLA_ROPE_OFFSET)
-    return whole if parts and nope.stride(0) * es == whole and b % 16 == 0 else 0
+    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2, **(producer or {})}
 
 
 def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
@@ -1287,9 +1219,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
                and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and q.stride(2) == 1)
     if persist:
         grid = (min(grid[0], num_sms), 1)
-    pf = 0 if pp else int(prod["prefetch"])
-    if pf and not prefetch_bytes(nope, scales, rope):
-        pf = 0
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
@@ -1297,7 +1226,6 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
         LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
-        COLS2_REGS=COLS2_REGS[is_fp8], PF=pf, PF_BYTES=pf and prefetch_bytes(nope, scales, rope),
-        num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        COLS2_REGS=COLS2_REGS[is_fp8], num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
