@@ -159,19 +159,22 @@ def test_racecheck_handoff_compiles_for_sm90():
 
 
 _WHATIF_SM90 = r"""
+import re
+
 import whatif_sm90 as W
 
 for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "cols2", "nomath+loadonly",
-          "nomath+fewstores"):
+          "nomath+fewstores", "cg", "tpr8"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
-        if ("stores" in v or "loadonly" in v) and not fp8:  # (fp8_ds_mla only)
+        if ("stores" in v or "loadonly" in v or v in ("cg", "tpr8")) and not fp8:  # (fp8_ds_mla only)
             continue
         k = W.compile_sm90(mod, fp8, bh)
         ptx = k.asm["ptx"]
         out[f"{v} {bh}"] = dict(wgmma=ptx.count("wgmma.mma_async"), cp=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
                                 ex2=ptx.count("ex2.approx"), ld=ptx.count("ld.global"), smem=k.metadata.shared,
-                                waits=ptx.count("mbarrier.try_wait"), sts=ptx.count("st.shared"), cvt=ptx.count("cvt."))
+                                waits=ptx.count("mbarrier.try_wait"), sts=ptx.count("st.shared"), cvt=ptx.count("cvt."),
+                                ldcg=ptx.count("ld.global.cg"), ld128=len(re.findall(r"ld\.global[.\w]*\.v4", ptx)))
 """
 
 
@@ -205,6 +208,13 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     nomath, loads, few = c["nomath 32"], c["nomath+loadonly 32"], c["nomath+fewstores 32"]
     assert loads["ld"] == few["ld"] == nomath["ld"] and loads["wgmma"] == few["wgmma"] == 0
     assert loads["sts"] == few["sts"] < nomath["sts"] and loads["cvt"] < few["cvt"] < nomath["cvt"], (loads, few, nomath)
+    # cg: the same kernel with its 16-byte row loads cached in L2 only; tpr8: the same work in another layout (its
+    # layout conversions take other scratch, so the shared memory differs)
+    real, cg, tpr8 = c["real 32"], c["cg 32"], c["tpr8 32"]
+    assert real["ldcg"] == 0 and cg["ldcg"] > 0 and cg["ldcg"] == real["ld128"], (cg, real)
+    assert {k: v for k, v in cg.items() if k != "ldcg"} == {k: v for k, v in real.items() if k != "ldcg"}
+    assert {k: tpr8[k] for k in ("wgmma", "cp", "ex2", "waits")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "waits")}
+    assert tpr8 != real
 
 
 def test_cols2_protocol_model():
