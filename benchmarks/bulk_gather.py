@@ -1,6 +1,6 @@
 """How fast can ONE CTA per SM gather sparse-MLA cache rows with Hopper's bulk copy engine, one copy per row?
 
-    python benchmarks/bulk_gather.py ["call 1" | "call 2"]  # H200: the cases of BENCHMARKS.md's twenty-fifth session
+    python benchmarks/bulk_gather.py ["call 1" | "call 2" | stages]  # GPU: the twenty-fifth / fifty-second sessions' cases
     python benchmarks/bulk_gather.py --compile-only         # CPU: compile for sm_90a, print the shared-memory offsets
 
 The small-head fp8 decode kernels run one CTA per SM, and their row copies (``cp.async``, 16 bytes per lane, or
@@ -374,6 +374,12 @@ def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=
 #: per case: (tokens, row format, [(label, splits, stages, loader warps, alt, consumer modes, math, consumer warps)])
 #: consumer modes: 0 waits, 1 reads (checked against the Triton walk when math is 0)
 CASES = {
+    # one CTA per SM with 1-4 tiles of rows in the ring (one partition of 2 loader warps), copied and read: how many
+    # tiles in flight the copies need (the Hopper rows kernel's staged fp8 producers hold one: fifty-second session)
+    "stages": [
+        ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla", [(2, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 3, 4)]),
+        ("fp8 656 B, 128 tokens", 128, "fp8_ds_mla", [(1, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 4)]),
+    ],
     "call 1": [
         ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla",
          [(2, st, 1, 0, (0, 1), 0, 4) for st in (2, 3, 4, 5)] + [(2, 3, 2, 0, (0, 1), 0, 4), (2, 4, 2, 0, (0, 1), 0, 4),

@@ -216,9 +216,10 @@ def main():
         table.append((name, med))
         q = kv = idx = flat = out = None
         torch.cuda.empty_cache()
-    print(f"\n{'case (median us)':<22}" + "".join(f"{v:>11}" for v in VARIANTS))
+    w = {v: max(11, len(v) + 2) for v in VARIANTS}
+    print(f"\n{'case (median us)':<22}" + "".join(f"{v:>{w[v]}}" for v in VARIANTS))
     for name, med in table:
-        print(f"{name:<22}" + "".join(f"{med[v]:11.1f}" for v in VARIANTS))
+        print(f"{name:<22}" + "".join(f"{med[v]:{w[v]}.1f}" for v in VARIANTS))
 
 
 if __name__ == "__main__":
