@@ -20,8 +20,6 @@ one kind of work removed (WRONG values), imported under another name and swapped
   the stores): the fill without three quarters of its shared-memory stores.
 * ``cg``: not a what-if but a candidate: the fp8 producers' row loads cached in L2 only (``.cg``; right values).
 * ``tpr8``: a candidate: 8 producer threads per row on alternate tiles too (one 128-byte request per row and group).
-* ``staged``: a candidate: the first fp8 producer warpgroup on alternate tiles takes its raw rows through a shared
-  stage by bulk copies (``kernel_sm90.STAGED`` on for 16 and 32 heads; right values). With ``nomath``: that fill alone.
 * ``cols2``: not a what-if but a candidate: the 16/32-head groups with two math warpgroups splitting the output
   columns (``kernel_sm90.COLS2`` on for both formats; right values). Alone only (the others' changes would leave
   its second warpgroup waiting).
@@ -116,9 +114,6 @@ def variant(name: str):
             old = f"gl.load(base + {g} * 128, mask=m, other=0.0)"
             assert src.count(old) in (1, 2), old
             src = src.replace(old, f"gl.load(base + {g} * 128, mask=m, other=0.0, cache_modifier=\".cg\")")
-    if "staged" in parts:  # the raw rows through the stage (the launcher resolves its shared offsets)
-        assert src.count("STAGED = ()") == 1
-        src = src.replace("STAGED = ()", "STAGED = (16, 32)")
     if "tpr8" in parts:  # 8 producer threads per row (one 128-byte request per row and group) on alternate tiles too
         old = "TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8"
         assert src.count(old) == 1
@@ -139,7 +134,7 @@ def variant(name: str):
         src = _drop(src, "def _math_rows(", MATH_WAIT)
         src = _drop(src, "def _producer(", FILL_WAIT)
     unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2", "loadonly", "fewstores",
-                       "cg", "tpr8", "staged"}
+                       "cg", "tpr8"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 
@@ -156,10 +151,9 @@ def compile_sm90(mod, fp8: bool, bh: int):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=False, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=0, ALT=mod.alternate_tiles(prod, bh, 2048), LAZY=bh in mod.LAZY_MAX, PERSIST=False,
-                  COLS2=prod["cols2"], COLS2_REGS=mod.COLS2_REGS[fp8], STAGE=bool(prod["stage"]) and fp8, STAGE_OFF=0,
-                  SBAR_OFF=0)  # (the stage's offsets left 0: compiled, not run)
+                  COLS2=prod["cols2"], COLS2_REGS=mod.COLS2_REGS[fp8])
     ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
-                zero_ptr="*fp8e4nv" if fp8 else "*bf16", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", ml_ptr="*fp32", lse_ptr="*fp32",
+                idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", ml_ptr="*fp32", lse_ptr="*fp32",
                 fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}

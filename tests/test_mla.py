@@ -1018,53 +1018,6 @@ def test_gpu_sm90_rows_cols2(T, H, topk, splits, kv_format, producer, cluster, m
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,topk,splits,producer,cluster,block_size", [
-    (64, 32, 2048, None, {}, None, None), (5, 32, 1000, 3, dict(alt=1), False, None),
-    (2, 16, 2048, None, dict(alt=1), None, None), (4, 16, 640, None, dict(alt=1), None, 64),
-    (7, 24, 129, 1, dict(alt=1), None, None), (3, 32, 1000, 3, dict(alt=1), True, None),
-    (6, 32, 64, 1, dict(alt=1), None, None), (9, 8, 300, 2, dict(alt=1), False, 32)])
-def test_gpu_sm90_staged(T, H, topk, splits, producer, cluster, block_size, monkeypatch):
-    """The first fp8 producer warpgroup taking its raw rows through a shared stage by bulk copies (``STAGE``,
-    :func:`~dsa.mla.kernel_sm90._producer_staged`; the second loads its own into registers) changes no result: bitwise
-    equal to the producers' own row loads (the same dequantisation) and matching the reference, with 16/32-head groups
-    (8, 24 heads masked), alternate tiles from 1 tile on (one tile: the second warpgroup has none), odd tile counts, tails past the list's end, invalid
-    entries copying the zero row, empty rows (no copy issued), topk_length, sink, splits merged by the merge kernel or
-    inside the kernel (clusters), a paged cache, NaN in unused slots, poisoned outputs."""
-    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
-
-    kernel_sm90 = _sm90_or_skip()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, "fp8_ds_mla", seed=T * H + topk + 17, with_len=True,
-                                          with_sink=True, empty_rows=(1,) if T > 2 else (), block_size=block_size)
-    staged = []
-    run = kernel_sm90._run_staged
-    monkeypatch.setattr(kernel_sm90, "_run_staged", lambda *a: (staged.append(a[2]["BH"]), run(*a))[1])
-    flat = ref_mod.flat_kv(kv)
-    assert kernel_sm90.stage_ok(*kernel_sm90_views(flat))
-    bh = 16 if H <= 16 else 32
-    runs = []
-    for stage in (0, 1):
-        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        cfg = dict(SM90_ROWS_SMALL_HEADS, block_h=bh, producer=dict(producer, stage=stage))
-        if cluster is not None:
-            cfg["cluster"] = cluster
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=cfg)
-        assert got[0] is out
-        runs.append(got)
-    assert staged and set(staged) == {bh}, staged  # (one launch, or the split launch and none for the merge)
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(runs[1], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits)))
-    for a, b, name in zip(runs[0], runs[1], ("out", "max_logits", "lse")):
-        assert torch.equal(a, b), name
-
-
-def kernel_sm90_views(flat):
-    """The (values, scales, stride of the scales) the launcher passes the Hopper kernel for a flat fp8_ds_mla
-    cache."""
-    nope, scales, _ = fp8_ds_mla_views(flat)
-    return nope, scales, scales.stride(0)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
@@ -1252,7 +1205,6 @@ def build(consts, num_warps):
     fn = kernel_sm90._sparse_mla_sm90_kernel
     fp8 = consts["IS_FP8"]
     ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
-                zero_ptr="*fp8e4nv" if fp8 else "*bf16",
                 idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32",
                 fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
@@ -1275,7 +1227,7 @@ for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # fp8: alternate tiles
-                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], STAGE=False, STAGE_OFF=0, SBAR_OFF=0)
+                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
     k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
@@ -1317,47 +1269,6 @@ def test_sm90_small_head_fp8_producer_fits():
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
-_COMPILE_STAGED = _SM90_BUILD + r"""
-import os
-import re
-sys.path.insert(0, os.path.join(os.path.dirname(G.__file__), "..", "tests"))
-from compile_targets import spill_bytes
-
-for bh in (16, 32):
-    for cluster in (0, 2):
-        prod = kernel_sm90.producer_config(True, bh, False, dict(stage=1))
-        consts = dict(IS_FP8=True, HAS_LEN=True, HAS_SINK=True, SPLIT=True, BH=bh, PINGPONG=False,
-                      PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                      CLUSTER=cluster, ALT=True, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False, COLS2=0,
-                      COLS2_REGS=kernel_sm90.COLS2_REGS[True], STAGE=True, STAGE_OFF=0, SBAR_OFF=0)
-        offs = kernel_sm90.stage_offsets(build(consts, 4).asm["ttgir"])
-        k = build(dict(consts, STAGE_OFF=offs[0], SBAR_OFF=offs[1]), 4)
-        plain = build(dict(consts, STAGE=False), 4)
-        ptx = k.asm["ptx"]
-        regs = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)})
-        out[f"{bh}/{cluster}"] = dict(
-            offs=offs, again=kernel_sm90.stage_offsets(k.asm["ttgir"]), shared=k.metadata.shared,
-            plain_shared=plain.metadata.shared, regs=regs, spill=spill_bytes(k),
-            bulk=ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"),
-            sass_bulk=sum("UBLKCP" in r[3] for r in G.sass_lines(k)))
-"""
-
-
-def test_sm90_staged_fits():
-    """The staged fp8 producers (``STAGE``, :func:`~dsa.mla.kernel_sm90._producer_staged`) compile for sm_90a with
-    16- and 32-head groups, with and without clusters: the stage's shared offsets (from the allocation pass) do not
-    move when compiled in as constants, the stage and its barriers add 64 x 528 bytes and three barriers to the
-    kernel's shared memory and still fit one CTA per SM (227 KiB), the partitions keep their registers without
-    spilling, and the bulk copies sit at two places (the first tile's, then the next tile's in the loop)."""
-    got = compiled_in_subprocess(_COMPILE_STAGED, ())
-    assert sorted(got) == ["16/0", "16/2", "32/0", "32/2"], got
-    for name, g in got.items():
-        assert g["offs"] == g["again"] and g["offs"][0] % 16 == 0, (name, g)
-        assert g["plain_shared"] + 64 * 528 <= g["shared"] <= g["plain_shared"] + 64 * 528 + 64 <= 232448, (name, g)
-        assert g["regs"][0] == 120 and 128 * g["regs"][-1] + 256 * g["regs"][0] <= 65536, (name, g)
-        assert g["spill"] == 0 and g["bulk"] == 2 and g["sass_bulk"] == 2, (name, g)
-
-
 def test_sm90_cols2_fits():
     """``COLS2`` (two math warpgroups splitting the output columns) compiles for sm_90 for both formats and head-group
     sizes, as the defaults launch it: 16 warps over fp8_ds_mla (two producer warpgroups), 12 over bf16; the registers
@@ -1387,16 +1298,14 @@ VARIANTS = {"64 bf16": (False, 64, False, False, 8, 0), "64 fp8": (True, 64, Fal
             "pingpong": (False, 64, True, False, 4, 0), "pingpong persistent": (False, 64, True, True, 4, 0),
             "16 fp8": (True, 16, False, False, 4, 0), "32 fp8": (True, 32, False, False, 4, 0),
             "32 bf16": (False, 32, False, False, 4, 0), "16 fp8 cols2": (True, 16, False, False, 4, 1),
-            "32 fp8 cols2": (True, 32, False, False, 4, 1), "32 bf16 cols2": (False, 32, False, False, 4, 1),
-            "32 fp8 staged": (True, 32, False, False, 4, 0)}
+            "32 fp8 cols2": (True, 32, False, False, 4, 1), "32 bf16 cols2": (False, 32, False, False, 4, 1)}
 for name, (fp8, bh, pp, persist, nw, cols2) in VARIANTS.items():
-    # what launch() uses for that head group ("staged": the raw rows through the stage, its offsets left 0)
-    prod = kernel_sm90.producer_config(fp8, bh, pp, dict(stage=1) if name.endswith("staged") else None)
+    prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
     consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
                   LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist, COLS2=cols2,
-                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], STAGE=bool(prod["stage"]), STAGE_OFF=0, SBAR_OFF=0)
+                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
     out[name] = G.sass_lines(build(consts, nw))
 """
 
@@ -1557,7 +1466,7 @@ def test_sm90_tile_stores_fenced_before_wgmma():
     # every shared store of the kernel's source but the running max and row sums (read back with plain loads)
     lines = set()
     for fn in (kernel_sm90._sparse_mla_sm90_kernel, kernel_sm90._load_q, kernel_sm90._producer, kernel_sm90._math_64,
-               kernel_sm90._math_rows, kernel_sm90._math_pp, kernel_sm90._producer_staged):
+               kernel_sm90._math_rows, kernel_sm90._math_pp):
         lines |= _source_lines(fn, ".store(")
     lines -= _source_lines(kernel_sm90._math_rows, "m_smem.store", "fin_smem") | _source_lines(
         kernel_sm90._math_pp, "m_smem.store", "l_smem.slice")
@@ -1601,43 +1510,18 @@ def test_sm90_producer_config():
     from dsa.mla import kernel_sm90 as K
 
     c16, c32 = (int(16 in K.COLS2[True]), int(32 in K.COLS2[True]))
-    st16, st32 = (int(16 in K.STAGED), int(32 in K.STAGED))
-    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0, cols2=c16, stage=st16)
+    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0, cols2=c16)
     assert K.producer_config(True, 32, False)["warps"] == 8
     assert K.producer_config(True, 32, False)["cols2"] == c32
-    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0, cols2=0,
-                                                      stage=0)
+    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0, cols2=0)
     assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                       cols2=int(16 in K.COLS2[False]), stage=0)
-    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0, cols2=0, stage=0)
+                                                       cols2=int(16 in K.COLS2[False]))
+    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0, cols2=0)
     assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0,
-                                                                              alt=K.PRODUCER_ROWS_FP8["alt"], cols2=c16,
-                                                                              stage=st16)
+                                                                              alt=K.PRODUCER_ROWS_FP8["alt"], cols2=c16)
     assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                                      cols2=0, stage=0)
+                                                                      cols2=0)
     assert K.producer_config(False, 32, False, dict(cols2=1))["cols2"] == 1
-    assert [K.producer_config(True, bh, False)["stage"] for bh in (16, 32, 64)] == [st16, st32, 0]
-    assert K.producer_config(False, 32, False)["stage"] == 0 and K.producer_config(False, 64, True)["stage"] == 0
-    assert K.producer_config(True, 32, False, dict(stage=1))["stage"] == 1
-
-
-def test_sm90_stage_ok():
-    """One bulk copy takes a row's values and scales from its value address: the staged producer runs only when the
-    launch's views are the parts of fp8_ds_mla rows of a 16-byte multiple pitch."""
-    from dsa.mla import kernel_sm90 as K
-
-    kv8 = torch.zeros(8, FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8)
-    nope, scales, _ = fp8_ds_mla_views(kv8)
-    assert K.stage_ok(nope, scales, scales.stride(0))
-    paged = torch.zeros(3, 64, FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8).view(-1, FP8_DS_MLA_ROW_BYTES)
-    assert K.stage_ok(*fp8_ds_mla_views(paged)[:2], 164)
-    assert not K.stage_ok(nope, scales.clone(), 4)  # (scales elsewhere)
-    assert not K.stage_ok(nope, scales[1:], scales.stride(0))  # (another row's)
-    wide = torch.zeros(8, 664, dtype=torch.uint8)[:, :FP8_DS_MLA_ROW_BYTES]  # a pitch of 664 bytes: not 16-aligned
-    n2, s2, _ = fp8_ds_mla_views(wide)
-    assert not K.stage_ok(n2, s2, s2.stride(0))
-    kv16 = torch.zeros(8, D_QK, dtype=torch.bfloat16)
-    assert not K.stage_ok(kv16[:, :D_V], None, 0)
 
 
 def test_sm90_alternate_tiles():

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import re
 import warnings
 
 import torch
@@ -84,9 +83,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from ..constants import FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_SCALE_OFFSET
 from .epilogue import merge_weights, row_stats
-from .kernel_bulk import _zero_row, allocated, specialisation
 
 BLOCK_H = 64
 BLOCK_N = 64
@@ -133,17 +130,6 @@ PERSIST = True
 #: the lead keeps 256.
 COLS2 = {False: (), True: ()}
 COLS2_REGS = {False: 128, True: 96}
-#: the head-group sizes (``block_h``) whose first fp8_ds_mla producer warpgroup, on alternate tiles, takes its raw rows
-#: through a shared stage (``STAGE``, :func:`_producer_staged`): each of its tiles' 64 rows copied by ``cp.async.bulk``
-#: (528 bytes each: the values and the four group scales, as in the cache row) into one stage of 64 x 528 bytes, read
-#: from there into its registers, its next tile's copies then issued at once, so that they are in flight while it
-#: fills the buffer, beside the second warpgroup's loads into its registers. One tile of bulk copies in flight is
-#: 16-19% slower than two (H100, BENCHMARKS.md, fifty-second session), and the stage passed between both warpgroups
-#: (one tile in flight in all) was no faster than the loads. Off until measured faster.
-STAGED = ()
-#: the bytes of each stage row: a cache row's values and scales (fp8_ds_mla), copied from its value address
-STAGE_ROW = gl.constexpr(FP8_DS_MLA_ROPE_OFFSET)
-_SCALES = gl.constexpr(FP8_DS_MLA_SCALE_OFFSET)
 
 
 @gluon.jit
@@ -376,105 +362,6 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
         mbarrier.arrive(full.index(s))
         if LATE:
             valid, rows = _tile_rows(idx_row, start + (i + STEP) * BN, stop, S, BN, row_l)
-    if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
-        _cluster_barrier(PW, False)
-
-
-@gluon.jit
-def _stage_sources(nope_ptr, stride_nope, zero_ptr, idx_row, n0, stop, S, a, R: gl.constexpr):
-    """The bulk copies' sources for index-list entries ``[n0, n0 + 64)``: lane ``a`` takes entry ``n0 + a // R``
-    when ``a`` is a multiple of ``R`` (``go``; each warp's lanes an equal share: ptxas issues a warp's bulk copies
-    one lane at a time). An invalid entry, or one past the list, copies the zero row ``zero_ptr``."""
-    offs = n0 + a // R
-    go = a % R == 0
-    idx = gl.load(idx_row + offs, mask=go & (offs < stop), other=-1)
-    ok = (idx >= 0) & (idx < S)
-    return gl.where(ok, nope_ptr + gl.where(ok, idx, 0).to(gl.int64) * stride_nope, zero_ptr), go
-
-
-@gluon.jit
-def _bulk_rows(dst, src, bar, go):
-    """Where ``go``: ``cp.async.bulk`` of :data:`STAGE_ROW` bytes from ``src`` (16-byte aligned) to the shared
-    offset ``dst`` (from the kernel's dynamic shared memory, ``global_smem``), completing on the mbarrier at shared
-    offset ``bar``."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 a, b; setp.ne.s32 p, $4, 0; mov.u32 a, global_smem; add.u32 b, a, $3;"
-        " add.u32 a, a, $1;\n"
-        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [$2], $5, [b];\n"
-        "mov.u32 $0, 0; }", "=r,r,l,r,r,r",
-        [dst, src, gl.full(go.shape, bar, gl.int32, go.type.layout), go.to(gl.int32),
-         gl.full(go.shape, STAGE_ROW, gl.int32, go.type.layout)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _stage_scales(addr):
-    """The four group scales (fp32) of each stage row, from the shared offsets ``addr`` (one ``ld.shared.v4``)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $4; ld.shared.v4.f32 {$0, $1, $2, $3}, [a]; }",
-        "=r,=r,=r,=r,r", [addr], dtype=(gl.float32, gl.float32, gl.float32, gl.float32), is_pure=False, pack=1)
-
-
-@gluon.jit
-def _producer_staged(k_nope_smem, k_rope_smem, full, empty, stage, sbar, nope_ptr, stride_nope, zero_ptr, rope_ptr,
-                     stride_rope, idx_row, start, n_tiles, stop, S, CLUSTER: gl.constexpr, STAGE_OFF: gl.constexpr,
-                     SBAR_OFF: gl.constexpr):
-    """The first of the two producer warpgroups of a 16/32-head group over the fp8_ds_mla cache on alternate tiles
-    (tiles ``0, 2, ...``, always buffer 0; the other warpgroup, :func:`_producer`, loads tiles ``1, 3, ...`` into its
-    registers), its raw rows taken through a shared stage (``STAGE``, :data:`STAGED`). The stage holds one tile: 64 rows
-    of :data:`STAGE_ROW` bytes (values, then the four group scales), each copied whole by one ``cp.async.bulk`` (a zero
-    row for an invalid entry), completing on ``sbar[0]``. For each of its tiles this warpgroup waits for the stage,
-    reads the values (``ld.shared``, 16 bytes per lane) and scales into its registers, issues its next tile's copies
-    into the stage (so they are in flight while it fills this tile's buffer, as the other warpgroup's loads), then
-    waits for its buffer, copies the rope part (``cp.async``), dequantises (fp8 x group scale in fp32, rounded to bf16,
-    as :func:`_producer`) into the buffer and signals ``full``. ``STAGE_OFF``, ``SBAR_OFF``: the stage's and its
-    barrier's shared offsets (the allocation's, :func:`stage_offsets`)."""
-    BN: gl.constexpr = 64
-    DR: gl.constexpr = 64
-    PW: gl.constexpr = 4
-    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-    cp8_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # 4 threads a row, as :func:`_producer`
-    row_l: gl.constexpr = gl.SliceLayout(1, cp8_l)
-    iss_l: gl.constexpr = gl.BlockedLayout([1], [32], [PW], [0])
-    R: gl.constexpr = 32 * PW // BN  # lanes per copy
-    a = gl.arange(0, 32 * PW, iss_l)
-    dst = STAGE_OFF + (a // R) * STAGE_ROW
-    sc_addr = STAGE_OFF + gl.arange(0, BN, row_l) * STAGE_ROW + _SCALES
-    valid, rows = _tile_rows(idx_row, start, stop, S, BN, row_l)  # (the rope part's rows)
-    if n_tiles > 0:
-        src, go = _stage_sources(nope_ptr, stride_nope, zero_ptr, idx_row, start, stop, S, a, R)
-        mbarrier.expect(sbar.index(0), BN * STAGE_ROW)
-        _bulk_rows(dst, src, SBAR_OFF, go)
-    for i in range(0, n_tiles, 2):
-        # this warpgroup's next tile's sources, loaded while the stage is waited for
-        src, go = _stage_sources(nope_ptr, stride_nope, zero_ptr, idx_row, start + (i + 2) * BN, stop, S, a, R)
-        mbarrier.wait(sbar.index(0), (i // 2) & 1)
-        r0 = stage.slice(0 * 128, 128, dim=1).load(cp8_l)
-        r1 = stage.slice(1 * 128, 128, dim=1).load(cp8_l)
-        r2 = stage.slice(2 * 128, 128, dim=1).load(cp8_l)
-        r3 = stage.slice(3 * 128, 128, dim=1).load(cp8_l)
-        s0, s1, s2, s3 = _stage_scales(sc_addr)
-        gl.thread_barrier()  # every thread of this warpgroup has read the stage
-        if i + 2 < n_tiles:
-            fence_async_shared()  # (the reads above, then the copy engine's writes)
-            mbarrier.expect(sbar.index(0), BN * STAGE_ROW)
-            _bulk_rows(dst, src, SBAR_OFF, go)
-        mbarrier.wait(empty.index(0), ((i // 2) & 1) ^ 1)
-        valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
-        rows_r = gl.convert_layout(rows, gl.SliceLayout(1, cp_l))
-        cols_r = gl.arange(0, DR, gl.SliceLayout(0, cp_l))
-        cp.async_copy_global_to_shared(k_rope_smem.index(0), rope_ptr + gl.multiple_of(rows_r * stride_rope, 8)[:, None]
-                                       + cols_r[None, :], mask=valid_r[:, None])
-        cp.commit_group()
-        kn = k_nope_smem.index(0)
-        kn.slice(0 * 128, 128, dim=1).store((r0.to(gl.float32) * s0[:, None]).to(gl.bfloat16))
-        kn.slice(1 * 128, 128, dim=1).store((r1.to(gl.float32) * s1[:, None]).to(gl.bfloat16))
-        kn.slice(2 * 128, 128, dim=1).store((r2.to(gl.float32) * s2[:, None]).to(gl.bfloat16))
-        kn.slice(3 * 128, 128, dim=1).store((r3.to(gl.float32) * s3[:, None]).to(gl.bfloat16))
-        valid, rows = _tile_rows(idx_row, start + (i + 2) * BN, stop, S, BN, row_l)  # its next tile's rope rows
-        cp.wait_group(0)  # this thread's rope copies have landed
-        fence_async_shared()
-        gl.thread_barrier()  # every producer thread's part is in (this warpgroup only)
-        mbarrier.arrive(full.index(0))
     if CLUSTER > 1:  # the producer's part of the cluster barrier before the in-kernel merge
         _cluster_barrier(PW, False)
 
@@ -1043,7 +930,6 @@ def _sparse_mla_sm90_kernel(
     nope_ptr, stride_nope,
     scale_ptr, stride_scale,
     rope_ptr, stride_rope,
-    zero_ptr,  # STAGE: the row an invalid entry copies (zero bytes; else unused)
     idx_ptr, stride_it,
     len_ptr, sink_ptr,
     out_ptr, stride_ot, stride_oh, stride_os,
@@ -1055,7 +941,6 @@ def _sparse_mla_sm90_kernel(
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
     LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, COLS2: gl.constexpr = 0, COLS2_REGS: gl.constexpr = 0,
-    STAGE: gl.constexpr = False, STAGE_OFF: gl.constexpr = 0, SBAR_OFF: gl.constexpr = 0,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -1067,9 +952,7 @@ def _sparse_mla_sm90_kernel(
     * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
       (4 warps): one, the rows as M (:func:`_math_rows`), or with ``COLS2`` two that split the output columns (the
       second :func:`_math_cols_hi`, ``COLS2_REGS`` registers); :func:`_producer` (``EARLY`` fp8 groups loaded
-      before a buffer is free), two mbarriers per buffer (full, empty); with ``STAGE`` (fp8_ds_mla on alternate
-      tiles) the first producer warpgroup :func:`_producer_staged`, its raw rows through a shared stage at
-      ``STAGE_OFF`` (its barrier at ``SBAR_OFF``)."""
+      before a buffer is free), two mbarriers per buffer (full, empty)."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -1147,13 +1030,6 @@ def _sparse_mla_sm90_kernel(
             xbar = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
             for j in gl.static_range(5):
                 mbarrier.init(xbar.index(j), count=1)
-        if STAGE:  # one tile of raw rows (64 x STAGE_ROW bytes, an i32 buffer so its size need not be a power of
-            # two) and its two barriers; read as the values of [64, 512] fp8 rows of STAGE_ROW bytes
-            pad: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[DV, STAGE_ROW - DV]], [BN, DV], [1, 0])
-            stage = gl.allocate_shared_memory(gl.int32, [BN * STAGE_ROW // 4], gl.SwizzledSharedLayout(
-                1, 1, 1, order=[0]))._reinterpret(gl.float8e4nv, [BN, DV], pad)
-            sbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # (3: a shape of its own)
-            mbarrier.init(sbar.index(0), count=1)
         start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
         if BH == 64:
             gl.warp_specialize([
@@ -1191,18 +1067,6 @@ def _sparse_mla_sm90_kernel(
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
             ], [4, PRODUCER_WARPS], [COLS2_REGS, PRODUCER_REGS])
-        elif ALT and STAGE:  # the same, the first warpgroup's raw rows through the stage
-            gl.warp_specialize([
-                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
-                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT, m_smem, LAZY)),
-                (_producer_staged, (k_nope_smem, k_rope_smem, full, empty, stage, sbar, nope_ptr, stride_nope, zero_ptr,
-                                    rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, CLUSTER, STAGE_OFF,
-                                    SBAR_OFF)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
-            ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
         elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
             gl.warp_specialize([
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
@@ -1313,49 +1177,7 @@ def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict |
     else:
         base = PRODUCER[is_fp8]
     cols2 = int(not pingpong and block_h < BLOCK_H and block_h in COLS2[is_fp8])
-    stage = int(is_fp8 and block_h < BLOCK_H and block_h in STAGED)
-    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2, "stage": stage,
-            **(producer or {})}
-
-
-def stage_ok(nope: torch.Tensor, scales: torch.Tensor | None, stride_scale: int) -> bool:
-    """Whether the launch's fp8_ds_mla views let one bulk copy take a row's values and scales (:data:`STAGED`): the
-    scales start :data:`STAGE_ROW` - 16 bytes after the values, both with the row's pitch, a multiple of 16 bytes
-    (the copies' alignment)."""
-    return (nope.dtype != torch.bfloat16 and scales is not None and nope.stride(1) == 1
-            and scales.data_ptr() == nope.data_ptr() + _SCALES.value and stride_scale * 4 == nope.stride(0)
-            and nope.stride(0) % 16 == 0 and nope.data_ptr() % 16 == 0)
-
-
-def stage_offsets(ttgir: str) -> tuple[int, int]:
-    """(stage, stage barriers) shared offsets of a ``STAGE`` variant, from its TTGIR after the compiler's
-    allocation pass: the one ``[64 * STAGE_ROW / 4]`` i32 buffer and the one ``[3, 1]`` i64 one."""
-    allocs = re.findall(r"ttg\.local_alloc\s*\{allocation\.offset = (\d+) : i32\}\s*:\s*\(\)\s*->\s*"
-                        r"!ttg\.memdesc<([0-9x]+)x(i32|i64)", allocated(ttgir))
-    stage = [int(o) for o, shape, ty in allocs if ty == "i32" and shape == str(BLOCK_N * STAGE_ROW.value // 4)]
-    bars = [int(o) for o, shape, ty in allocs if ty == "i64" and shape == "3x1"]
-    assert len(stage) == 1 and len(bars) == 1 and stage[0] % 16 == 0, allocs
-    return stage[0], bars[0]
-
-
-_STAGE_OFFS = {}  # the constexprs of a STAGE variant -> its (stage, barriers) offsets
-_STAGE_CHECKED = set()  # (those constexprs, the arguments' specialisation): the variants whose offsets were checked
-def _run_staged(grid, args, consts):
-    """Launch a ``STAGE`` variant with its shared offsets: resolved from a first compile of each constexpr set (the
-    code does not depend on them, so a second compile with them must place them the same), and checked once for each
-    specialisation of the arguments the launcher compiles."""
-    key = tuple(sorted(consts.items(), key=lambda kv: kv[0]))
-    spec = (key, specialisation(args))
-    warmup = lambda c: _sparse_mla_sm90_kernel.warmup(*args, grid=grid, **c)  # noqa: E731
-    offs = _STAGE_OFFS.get(key)
-    if offs is None:
-        offs = stage_offsets(warmup(dict(consts, STAGE_OFF=0, SBAR_OFF=0)).asm["ttgir"])
-        _STAGE_OFFS[key] = offs
-    if spec not in _STAGE_CHECKED:
-        got = stage_offsets(warmup(dict(consts, STAGE_OFF=offs[0], SBAR_OFF=offs[1])).asm["ttgir"])
-        assert got == offs, f"the stage's shared offsets moved: {offs} -> {got}"
-        _STAGE_CHECKED.add(spec)
-    return _sparse_mla_sm90_kernel[grid](*args, STAGE_OFF=offs[0], SBAR_OFF=offs[1], **consts)
+    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2, **(producer or {})}
 
 
 def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
@@ -1397,20 +1219,13 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
                and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and q.stride(2) == 1)
     if persist:
         grid = (min(grid[0], num_sms), 1)
-    alt = alternate_tiles(prod, block_h, split_len)
-    cols2 = int(prod["cols2"] and block_h < BLOCK_H)
-    stage = bool(prod["stage"] and alt and not cols2 and stage_ok(nope, scales, stride_scale))
-    zero = _zero_row(q.device).view(torch.float8_e4m3fn) if stage else nope
-    args = (q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), zero,
-            indices, indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T,
-            h_q, S, topk, split_len, scale_log2)
-    consts = dict(IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h, PINGPONG=pp,
-                  PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-                  MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alt, LAZY=block_h in LAZY_MAX, PERSIST=persist,
-                  COLS2=cols2, COLS2_REGS=COLS2_REGS[is_fp8], num_warps=8 if block_h == BLOCK_H and not pp else 4)
-    if stage:
-        kernel = _run_staged(grid, args, dict(consts, STAGE=True))
-    else:
-        kernel = _sparse_mla_sm90_kernel[grid](*args, **consts)
+    kernel = _sparse_mla_sm90_kernel[grid](
+        q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
+        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
+        split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
+        PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
+        COLS2_REGS=COLS2_REGS[is_fp8], num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
