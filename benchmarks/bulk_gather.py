@@ -1,6 +1,6 @@
 """How fast can ONE CTA per SM gather sparse-MLA cache rows with Hopper's bulk copy engine, one copy per row?
 
-    python benchmarks/bulk_gather.py ["call 1" | "call 2" | stages]  # GPU: the twenty-fifth / fifty-second sessions' cases
+    python benchmarks/bulk_gather.py ["call 1" | "call 2" | stages]  # GPU: BENCHMARKS.md's 25th / 52nd sessions
     python benchmarks/bulk_gather.py --compile-only         # CPU: compile for sm_90a, print the shared-memory offsets
 
 The small-head fp8 decode kernels run one CTA per SM, and their row copies (``cp.async``, 16 bytes per lane, or
@@ -375,7 +375,7 @@ def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=
 #: consumer modes: 0 waits, 1 reads (checked against the Triton walk when math is 0)
 CASES = {
     # one CTA per SM with 1-4 tiles of rows in the ring (one partition of 2 loader warps), copied and read: how many
-    # tiles in flight the copies need (the Hopper rows kernel's staged fp8 producers hold one: fifty-second session)
+    # tiles in flight the copies need (a one-tile stage for the Hopper rows kernel's fp8 producers: fifty-second session)
     "stages": [
         ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla", [(2, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 3, 4)]),
         ("fp8 656 B, 128 tokens", 128, "fp8_ds_mla", [(1, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 4)]),
