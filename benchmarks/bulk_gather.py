@@ -375,7 +375,7 @@ def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=
 #: consumer modes: 0 waits, 1 reads (checked against the Triton walk when math is 0)
 CASES = {
     # one CTA per SM with 1-4 tiles of rows in the ring (one partition of 2 loader warps), copied and read: how many
-    # tiles in flight the copies need (a one-tile stage for the Hopper rows kernel's fp8 producers: fifty-second session)
+    # tiles in flight the copies need (a one-tile stage for the Hopper rows kernel's fp8 producers: 52nd session)
     "stages": [
         ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla", [(2, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 3, 4)]),
         ("fp8 656 B, 128 tokens", 128, "fp8_ds_mla", [(1, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 4)]),
