@@ -944,25 +944,17 @@ def test_gpu_sm90_sliced_heads_default(T, H, kv_format, want, monkeypatch):
                    str((T, H, kv_format)))
 
 
-#: three fp8 producer warpgroups taking turns at the tiles (:func:`~dsa.mla.kernel_sm90.alternate_tiles`), with the
-#: registers that leave the 32-head math warpgroup 224 (``test_sm90_three_producers_fit``)
-ALT3 = dict(warps=12, regs=96, early=2)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,topk,splits", [(3, 16, 300, None), (40, 16, 2048, 2), (5, 32, 1000, 3), (2, 32, 2048, None),
                                              (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
 @pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2)),
                                                ("fp8_ds_mla", dict(warps=4)), ("fp8_ds_mla", dict(alt=1)),
-                                               ("fp8_ds_mla", dict(alt=0)), ("fp8_ds_mla", ALT3),
-                                               ("fp8_ds_mla", dict(ALT3, early=3, alt=1))])
+                                               ("fp8_ds_mla", dict(alt=0))])
 def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypatch):
     """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
     masked one; fp8 with its two producer warpgroups taking alternate tiles whenever there are any (``alt`` 1:
     programs with 1, 2, 3, ... tiles, so one warpgroup may have none) or sharing every tile (``alt`` 0), also with
-    two groups loaded early, with one warpgroup, and with three taking turns (``ALT3``: from 8 tiles per program, two
-    sharing each tile below that; with ``alt`` 1 from 1 tile, three groups loaded early) against the reference and the
-    small-head Triton
+    two groups loaded early, and with one warpgroup) against the reference and the small-head Triton
     programs: tails, invalid entries, empty rows, topk_length, sink, splits, NaN in unused slots, poisoned out;
     bitwise deterministic; the launch took it."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
@@ -1227,27 +1219,20 @@ _COMPILE_SM90 = _SM90_BUILD + r"""
 import re
 import sys
 
-from compile_targets import spill_bytes
-
-# "fp8" or "bf16", optionally "/32" for a 32-head group (else 16), optionally "/cols2" for two math warpgroups,
-# "/alt3" for three producer warpgroups taking turns (tests' ALT3, "/e3" three groups early: then also the spill bytes)
+# "fp8" or "bf16", optionally "/32" for a 32-head group (else 16), optionally "/cols2" for two math warpgroups
 fmt, bh, *extra = sys.argv[1].split("/") + [""]
 fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-over = dict(cols2=1) if "cols2" in extra else {}
-if "alt3" in extra:
-    over.update(warps=12, regs=96, early=3 if "e3" in extra else 2)
-prod = kernel_sm90.producer_config(fp8, bh, False, over or None)  # as launch() does
+prod = kernel_sm90.producer_config(fp8, bh, False, dict(cols2=1) if "cols2" in extra else None)  # as launch() does
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=cluster, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048) if fp8 else 0,  # fp8: alternate
-                  LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # tiles
+                  CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # fp8: alternate tiles
                   COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
     k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
     print(cluster, k.packed_metadata[1], int("barrier.cluster.wait" in ptx), re.search(r"\.reqntid (\d+)", ptx)[1],
-          ",".join(regs), k.metadata.shared, *([spill_bytes(k)] if "alt3" in extra else []))
+          ",".join(regs), k.metadata.shared)
 """
 
 
@@ -1263,7 +1248,6 @@ def test_sm90_cluster_variant_launch_metadata():
 def _compile_sm90(*args):
     skip_unless_gluon_triton()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90, *args], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -1283,23 +1267,6 @@ def test_sm90_small_head_fp8_producer_fits():
         assert (cluster, size, barrier, threads) == ("0", "1", "0", "384"), (bh, line)
         regs = [int(r) for r in regs.split(",")]
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
-
-
-def test_sm90_three_producers_fit():
-    """Three fp8 producer warpgroups taking turns at the tiles (``ALT3``, and with three groups loaded early) compile
-    for sm_90 beside the 16/32-head math warpgroup: 16 warps per CTA, the registers asked for (``setmaxnreg``: 96 per
-    producer, the rest, 224, for the math) fit the 64K register file, and what spills (:func:`compile_targets.spill_bytes`)
-    is a few values (the 32-head math warpgroup holds two across each tile at 224)."""
-    from compile_targets import SPILL_OK
-
-    for bh in (16, 32):
-        for early in (2, 3):
-            (line, ) = _compile_sm90(f"fp8/{bh}/alt3/e{early}", "0")
-            cluster, size, barrier, threads, regs, _, spill = line.split()
-            assert (cluster, threads) == ("0", "512"), (bh, line)
-            regs = [int(r) for r in regs.split(",")]
-            assert ALT3["regs"] in regs and 224 in regs and 3 * 128 * ALT3["regs"] + 128 * 224 <= 65536, line
-            assert int(spill) <= SPILL_OK, (bh, early, line)
 
 
 def test_sm90_cols2_fits():
@@ -1558,9 +1525,8 @@ def test_sm90_producer_config():
 
 
 def test_sm90_alternate_tiles():
-    """When the two (or three, ``ALT3``) producer warpgroups of a 16/32-head group take turns at the tiles: from
-    ``alt`` tiles per program on (decode at batch 32 and more, prefill), never with one warpgroup, for 64-head groups
-    or the bf16 cache."""
+    """When the two producer warpgroups of a 16/32-head group take alternate tiles: from ``alt`` tiles per program
+    on (decode at batch 32 and more, prefill), never with one warpgroup, for 64-head groups or the bf16 cache."""
     from dsa.mla import kernel_sm90 as K
 
     fp8 = K.producer_config(True, 16, False)
@@ -1573,9 +1539,6 @@ def test_sm90_alternate_tiles():
     assert K.alternate_tiles(K.producer_config(True, 16, False, dict(alt=1)), 16, 64)
     assert not K.alternate_tiles(K.producer_config(True, 64, False), 64, 2048)
     assert not K.alternate_tiles(K.producer_config(False, 16, False), 16, 2048)
-    assert K.alternate_tiles(fp8, 32, 2048) == 2  # (how many warpgroups take turns)
-    assert K.alternate_tiles(K.producer_config(True, 32, False, ALT3), 32, 2048) == 3
-    assert K.alternate_tiles(K.producer_config(True, 32, False, ALT3), 32, (n - 1) * K.BLOCK_N) == 0
 
 
 def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):

@@ -292,9 +292,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     buffer, the rope part by ``cp.async``), make it visible to wgmma and signal ``full``. Invalid entries
     are zero-filled and masked by the math warps: NaN in unused slots cannot leak. ``PW`` warps fill each tile;
     with ``STEP`` 2 this warpgroup fills only the tiles ``PAR, PAR + 2, ...`` (always buffer ``PAR``) and another
-    one the others, so one loads while the other dequantises; with ``STEP`` 3 the tiles ``PAR, PAR + 3, ...`` (so
-    two warpgroups' rows may be in flight while the third dequantises). ``EARLY``: fp8 groups loaded before the
-    wait (2, 3 or 4)."""
+    one the others, so one loads while the other dequantises."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -304,7 +302,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     # of the swizzled tile, with different swizzle phases (H200, CUDA graphs, shared tiles: h_q 16 batch 64 52.5 ->
     # 50.3 us, batch 32 31.3 -> 30.6; h_q 32 within 1%); one warpgroup (64-head groups) keeps 8 threads per row (4
     # was 9% slower there: fp8 h_q 128 batch 128 x s_q 2 468.8 -> 510.5 us)
-    TPR: gl.constexpr = 4 if PW == 8 or STEP >= 2 else 8
+    TPR: gl.constexpr = 4 if PW == 8 or STEP == 2 else 8
     # fp8 on every tile (STEP 1): the next tile's index-list entries are loaded only after ``full`` is signalled (the
     # fence before it is a membar, which waits for this thread's outstanding loads; ptxas puts the load a few hundred
     # instructions before it). Measured on the H200, CUDA graphs, s_q 1 unless noted: h_q 16 batch 1 / 4 / 8 / 16 9.4 /
@@ -321,7 +319,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
     valid, rows = _tile_rows(idx_row, start + PAR * BN, stop, S, BN, row_l)
     for i in range(PAR, n_tiles, STEP):
         s = i % 2
-        if IS_FP8:  # EARLY (2-4) of the four raw groups loaded before the wait, the rest while storing
+        if IS_FP8:  # EARLY (2 or 4) of the four raw groups loaded before the wait, the rest while storing
             base = nope_ptr + gl.multiple_of(rows * stride_nope, 16)[:, None] + cols[None, :]
             m = valid[:, None]
             sb = scale_ptr + rows * stride_scale
@@ -329,15 +327,11 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
             r1 = gl.load(base + 1 * 128, mask=m, other=0.0)
             s0 = gl.load(sb + 0, mask=valid, other=0.0)
             s1 = gl.load(sb + 1, mask=valid, other=0.0)
-            if EARLY >= 3:
-                r2 = gl.load(base + 2 * 128, mask=m, other=0.0)
-                s2 = gl.load(sb + 2, mask=valid, other=0.0)
             if EARLY == 4:
+                r2 = gl.load(base + 2 * 128, mask=m, other=0.0)
                 r3 = gl.load(base + 3 * 128, mask=m, other=0.0)
+                s2 = gl.load(sb + 2, mask=valid, other=0.0)
                 s3 = gl.load(sb + 3, mask=valid, other=0.0)
-        if STEP == 3:  # three producers: first the buffer's release before last (a parity names one of two phases)
-            if i >= 4:
-                mbarrier.wait(empty.index(s), (i // 2) & 1)
         mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)
         if IS_FP8:
             valid_r = gl.convert_layout(valid, gl.SliceLayout(1, cp_l))
@@ -347,7 +341,7 @@ def _producer(k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scal
                                            + cols_r[None, :], mask=valid_r[:, None])
             cp.commit_group()
             kn = k_nope_smem.index(s)
-            if EARLY == 2:
+            if EARLY != 4:
                 r2 = gl.load(base + 2 * 128, mask=m, other=0.0)
                 s2 = gl.load(sb + 2, mask=valid, other=0.0)
             kn.slice(0 * 128, 128, dim=1).store((r0.to(gl.float32) * s0[:, None]).to(gl.bfloat16))
@@ -1073,19 +1067,6 @@ def _sparse_mla_sm90_kernel(
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
             ], [4, PRODUCER_WARPS], [COLS2_REGS, PRODUCER_REGS])
-        elif ALT == 3:  # three producer warpgroups, each filling every third tile
-            gl.warp_specialize([
-                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
-                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT, m_smem, LAZY)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 3)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 3)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 2, 3)),
-            ], [4, 4, 4], [PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS])
         elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
             gl.warp_specialize([
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
@@ -1199,13 +1180,11 @@ def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict |
     return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2, **(producer or {})}
 
 
-def alternate_tiles(prod: dict, block_h: int, split_len: int) -> int:
-    """How many producer warpgroups of a 16/32-head group take turns at the tiles (``prod`` from
-    :func:`producer_config`), 0 where they share every tile: with two or three warpgroups (``warps`` 8 or 12),
-    ``alt`` > 0 and at least ``alt`` tiles per program (``split_len`` rows). (Three share no tile: a launch with
-    fewer tiles than ``alt`` runs two warpgroups sharing each tile instead.)"""
-    on = block_h < BLOCK_H and prod["warps"] in (8, 12) and prod["alt"] > 0 and split_len >= prod["alt"] * BLOCK_N
-    return prod["warps"] // 4 if on else 0
+def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
+    """Whether the two producer warpgroups of a 16/32-head group take alternate tiles (``prod`` from
+    :func:`producer_config`): with two warpgroups (``warps`` 8), ``alt`` > 0 and at least ``alt`` tiles per
+    program (``split_len`` rows)."""
+    return block_h < BLOCK_H and prod["warps"] == 8 and prod["alt"] > 0 and split_len >= prod["alt"] * BLOCK_N
 
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
@@ -1240,14 +1219,12 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
                and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and q.stride(2) == 1)
     if persist:
         grid = (min(grid[0], num_sms), 1)
-    alt = alternate_tiles(prod, block_h, split_len)
-    warps = 8 if prod["warps"] == 12 and not alt else prod["warps"]  # (three warpgroups only on alternate tiles)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
         split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
-        PINGPONG=pp, PRODUCER_WARPS=warps, PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
-        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alt,
+        PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
+        MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
         LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
         COLS2_REGS=COLS2_REGS[is_fp8], num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
