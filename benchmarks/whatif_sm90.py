@@ -56,6 +56,7 @@ CASES = [
     ("decode_fp8_h32_b128", 128, 32, 2048, 128, 32768, "fp8_ds_mla"),
     ("decode_bf16_h16_b32", 32, 16, 2048, 32, 32768, "bf16"),
     ("prefill_fp8_h16", 4096, 16, 2048, 1, 131072, "fp8_ds_mla"),
+    ("prefill_fp8_h32", 4096, 32, 2048, 1, 131072, "fp8_ds_mla"),
     ("decode_fp8_h16_b16", 16, 16, 2048, 16, 32768, "fp8_ds_mla"),
 ]
 VARIANTS = ["real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy", "nolazy+nosoftmax", "none"]

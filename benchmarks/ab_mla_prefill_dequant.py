@@ -1,0 +1,67 @@
+"""Many-token sparse MLA over the fp8_ds_mla cache two ways, in interleaved rounds: as one call on the fp8 cache
+(the kernels dequantise each gathered row in their producers), and as the whole cache dequantised to a bf16 copy
+first (:func:`dsa.dequantize_fp8_ds_mla`, one pass over the cache) followed by the call on that copy, which
+takes the bf16 kernels (at 64 heads and more the ping-pong schedule; at 16/32 the one-producer fill). The
+dequantised values are those the kernels' producers compute (fp8 x group scale in fp32, rounded to bf16), so both
+ways attend over the same bf16 rows. Prints each way's time and their largest differences. GPU.
+
+    python benchmarks/ab_mla_prefill_dequant.py [ROUNDS] [H_Q ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dsa import dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
+from dsa.bench import mla_counts, mla_inputs  # noqa: E402
+
+T, TOPK, S_KV = 4096, 2048, 131072
+
+
+def main():
+    args = [int(a) for a in sys.argv[1:]]
+    rounds = args.pop(0) if args else 3
+    heads = args or [16, 32, 64, 128]
+    sm = 192 ** -0.5
+    rows = []
+    for h in heads:
+        q, kv, idx = mla_inputs(T, h, TOPK, 1, S_KV, "fp8_ds_mla")
+        kv16 = torch.empty(*kv.shape[:-1], 576, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
+        fns = {"fp8 cache": lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton"),
+               "dequantise + bf16": lambda: (dequantize_fp8_ds_mla(kv, out=kv16),
+                                             sparse_mla(q, kv16, idx, sm, out=out, backend="triton"))[1],
+               "dequantise alone": lambda: dequantize_fp8_ds_mla(kv, out=kv16)}
+        res = {}
+        for n in ("fp8 cache", "dequantise + bf16"):
+            out.fill_(float("nan"))
+            r = fns[n]()
+            torch.cuda.synchronize()
+            res[n] = (out.clone(), r[1].clone(), r[2].clone())
+        diff = [((a.float() - b.float()).abs().max().item()) for a, b in zip(res["fp8 cache"], res["dequantise + bf16"])]
+        nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
+        times = {n: [] for n in fns}
+        for _ in range(rounds):
+            for n, fn in fns.items():
+                times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
+        rows.append((h, diff, nan, times))
+        print(h, diff, nan, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
+        q = kv = kv16 = idx = out = res = None
+        torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of {S_KV}; do_bench medians of {rounds} "
+          "interleaved rounds, µs; TFLOP/s of the whole way")
+    print(f"{'h_q':>4}  {'fp8 cache':>18}  {'dequantise + bf16':>26}  {'dequantise alone':>16}  max |diff| out/ml/lse")
+    for h, diff, nan, t in rows:
+        med = {n: sorted(v)[len(v) // 2] for n, v in t.items()}
+        flops = mla_counts(T, h, TOPK, "fp8_ds_mla")[0]
+        a, b = med["fp8 cache"], med["dequantise + bf16"]
+        print(f"{h:>4}  {a:9.1f} {flops / a / 1e6:6.1f} TF  {b:9.1f} {flops / b / 1e6:6.1f} TF {(b / a - 1) * 100:+6.1f}%"
+              f"  {med['dequantise alone']:16.1f}  {'/'.join(f'{d:.2g}' for d in diff)}{'  NaN!' if nan else ''}")
+
+
+if __name__ == "__main__":
+    main()
