@@ -456,6 +456,9 @@ MLA_SHAPES = {
     "prefill_bf16_h16": (4096, 16, 2048, 1, 131072, "bf16"),
     "decode_fp8_h16_b1": (1, 16, 2048, 1, 32768, "fp8_ds_mla"),
     "decode_fp8_h16_b64": (64, 16, 2048, 64, 32768, "fp8_ds_mla"),
+    # prefill over the fp8_ds_mla cache (no goal of its own; 32+ heads run on a bf16 copy: dequant_first_pays)
+    "prefill_fp8_h128": (4096, 128, 2048, 1, 131072, "fp8_ds_mla"),
+    "prefill_fp8_h32": (4096, 32, 2048, 1, 131072, "fp8_ds_mla"),
 }
 MLA_QUICK = {
     "prefill_bf16_h128": (1024, 128, 2048, 1, 131072, "bf16"),

@@ -304,6 +304,49 @@ def test_slice_rule():
     assert SLICE_MIN_T[True] < SLICE_MIN_T[False]
 
 
+@pytest.mark.parametrize("h_q", [32, 48])
+def test_dequant_first(h_q, monkeypatch):
+    """A call over the fp8_ds_mla cache that runs on a bf16 copy of it (:func:`dsa.mla.kernel.dequant_first_pays`,
+    forced here): one dequantising pass over the whole cache (NaN rows in its unused slots included), then the bf16
+    call, through the public ``sparse_mla`` on a paged cache. Bitwise the bf16 call on the reference dequantiser's copy,
+    and against the reference: invalid entries, an empty row, topk_length, a sink, a poisoned ``out``."""
+    import dsa.mla.kernel as K
+    import dsa.mla_cache.kernel as C
+
+    T, topk, S = 4, 100, 192
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "fp8_ds_mla", seed=h_q + 5, block_size=64,
+                                          empty_rows=(1,), with_len=True, with_sink=True)
+    monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: kv.shape == (S, FP8_DS_MLA_ROW_BYTES))
+    reads = []
+    read = C.fp8_ds_mla_read
+    monkeypatch.setattr(C, "fp8_ds_mla_read", lambda rows, out: (reads.append(rows.shape), read(rows, out))[1])
+    out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=q.device))
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out, backend="triton")
+    assert got[0] is out and reads == [(S, FP8_DS_MLA_ROW_BYTES)]
+    copy = dequantize_fp8_ds_mla(ref_mod.flat_kv(kv))  # (the reference dequantiser, NaN rows and all)
+    same = sparse_mla_triton(q, copy, idx, sm, D_V, sink, tl_)
+    for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
+        assert torch.equal(a, b), name
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S),
+                   f"h_q={h_q}")
+    assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all()
+
+
+def test_dequant_first_rule():
+    """Which calls over the fp8_ds_mla cache run on a bf16 copy of it (on sm_90): more than 16 heads, at least
+    ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per cache row (more at 32 heads or fewer), a copy of at most
+    ``DEQUANT_FIRST_MAX_BYTES`` whose index lists are grouped (:func:`order_pays`), as at the measured shape."""
+    from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_pays
+
+    measured = (4096, 2048, 131072)  # T, topk, S (BENCHMARKS.md, fifty-third session)
+    assert [h for h in range(8, 129, 8) if dequant_first_pays(measured[0], h, *measured[1:])] == list(range(24, 129, 8))
+    assert dequant_first_pays(4096, 32, 2048, 262144) and not dequant_first_pays(4096, 32, 2048, 262145 + 4096)
+    assert dequant_first_pays(4096, 64, 2048, 300000) and dequant_first_pays(4096, 128, 2048, 400000)
+    assert not dequant_first_pays(4096, 128, 2048, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2) + 1)  # too big a copy
+    assert not dequant_first_pays(4096, 64, 2048, 65536)  # a copy too small to be grouped
+    assert not dequant_first_pays(ORDER_MIN_T - 1, 128, 2048, 131072)  # decode batches
+
+
 @pytest.mark.parametrize("topk", [1, 64, 100, 130])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_kernel_topk_tails(topk, kv_format):

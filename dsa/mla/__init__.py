@@ -61,7 +61,11 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
     locality; :mod:`dsa.mla.order`): the result is the same up to the order of the fp32 sums. So is how the heads
     run: in programs of 16, 32 or 64 heads (8 heads in 16-head programs, the rest of a group masked), and on
     Hopper 72-96 heads in calls of many tokens as two calls, 64 heads and the rest (:func:`dsa.mla.kernel.slice_pays`),
-    whichever measured faster (BENCHMARKS.md, thirty-seventh session).
+    whichever measured faster (BENCHMARKS.md, thirty-seventh session). On Hopper, a call of many tokens with more
+    than 16 heads over a fp8_ds_mla cache of 116K-466K rows (with enough entries per cache row) first dequantises the
+    whole cache into a bf16 copy (``torch.empty``, at most 512 MiB) and runs on that: the same bf16 values, so the
+    result differs only in the order of the fp32 sums (:func:`dsa.mla.kernel.dequant_first_pays`; BENCHMARKS.md,
+    fifty-third session).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     T, h_q, d_qk = q.shape

@@ -514,6 +514,37 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
     return h_q > 64 and 0 < h_q % 64 <= 32 and T >= SLICE_MIN_T[bool(is_fp8)]
 
 
+#: many-token calls over the fp8_ds_mla cache with more than 16 heads, on Hopper: the whole cache is dequantised to a
+#: bf16 copy first (one pass over it, :func:`dsa.mla_cache.kernel.fp8_ds_mla_read`: the values the kernels' producers
+#: would compute) and the call runs on that copy (:func:`dequant_first_pays`). There the bf16 kernels run with one
+#: producer warpgroup copying rows beside the math (64 heads: the ping-pong schedule), where the fp8 ones run two
+#: dequantising, and the copy's index lists are grouped by slot range. Measured on an H100 (BENCHMARKS.md, fifty-third
+#: session; 4096 tokens x topk 2048 of 128K rows, do_bench, one run, µs, the copy included): h_q 32 2430.7 -> 2128.5,
+#: 64 3731.2 -> 2893.3, 128 7039.1 -> 5017.3; but h_q 16 1713.5 -> 1998.2 (so never for 16 heads); the copy alone 92.
+#: Counted from these, the copy pays for itself from about 15 (h_q 32), 6.3 (64) or 2.8 (128) gathered rows per cache
+#: row; the thresholds below ask twice the worst of each range (keyed by the largest head count they apply to). At
+#: most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and only where the copy's lists are grouped (:func:`order_pays`), as
+#: measured.
+DEQUANT_FIRST_MIN_RATIO = ((32, 32), (128, 16))
+DEQUANT_FIRST_MAX_BYTES = 512 << 20
+
+
+def dequant_first_pays(T: int, h_q: int, topk: int, S: int) -> bool:
+    """Whether a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an fp8_ds_mla cache of ``S``
+    rows runs on a bf16 copy of the cache instead, on Hopper (see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
+    ratio = next((r for h, r in DEQUANT_FIRST_MIN_RATIO if h_q <= h), None)
+    return (h_q > 16 and ratio is not None and S * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES
+            and order_pays(T, 1, topk, S, D_QK * 2) and T * topk >= ratio * S)
+
+
+def _dequant_first(q, kv, indices) -> bool:
+    """:func:`dequant_first_pays` for an fp8_ds_mla call (``kv`` the flat ``[S, 656]`` view) where the Hopper kernels
+    serve it."""
+    T, h_q, _ = q.shape
+    return (kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)
+            and dequant_first_pays(T, h_q, indices.shape[1], kv.shape[0]))
+
+
 def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, num_splits, config, order):
     """The call as two: heads ``[0, 64 k)`` (whole 64-head groups) and ``[64 k, h_q)`` (one small group), each into
     its columns of ``out``; their max_logits and lse copied into the call's. The index lists are grouped once for
@@ -552,8 +583,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     it applies, or never; ``slice_heads=True/False`` runs more than 64 heads as two slices, the 64-head groups and
     the rest (:func:`_sliced_heads`), or not). Without ``config``, small head groups on sm_90 take that kernel where
     it is supported, and 1-16-head decode over the fp8 cache :mod:`dsa.mla.kernel_bulk` where
-    :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced ``num_splits``, unless ``bulk=True``), and on sm_90
-    the heads are sliced where :func:`slice_pays` says so. ``order`` forces the index lists grouped by slot range
+    :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced ``num_splits``, unless ``bulk=True``), on sm_90
+    many-token calls over the fp8_ds_mla cache run on a bf16 copy of it where :func:`dequant_first_pays` says so
+    (not with a forced ``num_splits``), and on sm_90 the heads are sliced where :func:`slice_pays` says so. ``order`` forces the index lists grouped by slot range
     first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
@@ -566,6 +598,12 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
         if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
             return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
+    if is_fp8 and not config and num_splits is None and T > 0 and _dequant_first(q, kv, indices):
+        from ..mla_cache.kernel import fp8_ds_mla_read
+
+        kv16 = torch.empty(S, D_QK, dtype=torch.bfloat16, device=dev)
+        fp8_ds_mla_read(kv, kv16)
+        return sparse_mla_triton(q, kv16, indices, sm_scale, d_v, attn_sink, topk_length, out, None, None, order)
     sliced = (config or {}).get("slice_heads")
     if sliced is not False and h_q > 64 and h_q % 64 and (
             sliced or (not config and kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)
