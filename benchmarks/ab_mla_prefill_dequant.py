@@ -42,7 +42,7 @@ def main():
             r = fns[n]()
             torch.cuda.synchronize()
             res[n] = (out.clone(), r[1].clone(), r[2].clone())
-        diff = [((a.float() - b.float()).abs().max().item()) for a, b in zip(res["fp8 cache"], res["dequantise + bf16"])]
+        diff = [(a.float() - b.float()).abs().max().item() for a, b in zip(*res.values())]
         nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
         times = {n: [] for n in fns}
         for _ in range(rounds):
@@ -59,8 +59,9 @@ def main():
         med = {n: sorted(v)[len(v) // 2] for n, v in t.items()}
         flops = mla_counts(T, h, TOPK, "fp8_ds_mla")[0]
         a, b = med["fp8 cache"], med["dequantise + bf16"]
-        print(f"{h:>4}  {a:9.1f} {flops / a / 1e6:6.1f} TF  {b:9.1f} {flops / b / 1e6:6.1f} TF {(b / a - 1) * 100:+6.1f}%"
-              f"  {med['dequantise alone']:16.1f}  {'/'.join(f'{d:.2g}' for d in diff)}{'  NaN!' if nan else ''}")
+        print(f"{h:>4}  {a:9.1f} {flops / a / 1e6:6.1f} TF  {b:9.1f} {flops / b / 1e6:6.1f} TF"
+              f" {(b / a - 1) * 100:+6.1f}%  {med['dequantise alone']:16.1f}  {'/'.join(f'{d:.2g}' for d in diff)}"
+              f"{'  NaN!' if nan else ''}")
 
 
 if __name__ == "__main__":

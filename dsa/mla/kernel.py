@@ -522,19 +522,19 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 #: session; 4096 tokens x topk 2048 of 128K rows, do_bench, one run, µs, the copy included): h_q 32 2430.7 -> 2128.5,
 #: 64 3731.2 -> 2893.3, 128 7039.1 -> 5017.3; but h_q 16 1713.5 -> 1998.2 (so never for 16 heads); the copy alone 92.
 #: Counted from these, the copy pays for itself from about 15 (h_q 32), 6.3 (64) or 2.8 (128) gathered rows per cache
-#: row; the thresholds below ask twice the worst of each range (keyed by the largest head count they apply to). At
-#: most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and only where the copy's lists are grouped (:func:`order_pays`), as
-#: measured.
-DEQUANT_FIRST_MIN_RATIO = ((32, 32), (128, 16))
+#: row; the thresholds below ask twice the worst of each head-group size (:func:`block_h_for`; 16-head groups: never).
+#: At most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and only where the copy's lists are grouped (:func:`order_pays`),
+#: as measured.
+DEQUANT_FIRST_MIN_RATIO = {32: 32, 64: 16}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 
 
 def dequant_first_pays(T: int, h_q: int, topk: int, S: int) -> bool:
     """Whether a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an fp8_ds_mla cache of ``S``
     rows runs on a bf16 copy of the cache instead, on Hopper (see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
-    ratio = next((r for h, r in DEQUANT_FIRST_MIN_RATIO if h_q <= h), None)
-    return (h_q > 16 and ratio is not None and S * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES
-            and order_pays(T, 1, topk, S, D_QK * 2) and T * topk >= ratio * S)
+    ratio = DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q))
+    return (ratio is not None and S * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES and order_pays(T, 1, topk, S, D_QK * 2)
+            and T * topk >= ratio * S)
 
 
 def _dequant_first(q, kv, indices) -> bool:
@@ -585,7 +585,8 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     it is supported, and 1-16-head decode over the fp8 cache :mod:`dsa.mla.kernel_bulk` where
     :func:`dsa.mla.kernel_bulk.serves` says so (not with a forced ``num_splits``, unless ``bulk=True``), on sm_90
     many-token calls over the fp8_ds_mla cache run on a bf16 copy of it where :func:`dequant_first_pays` says so
-    (not with a forced ``num_splits``), and on sm_90 the heads are sliced where :func:`slice_pays` says so. ``order`` forces the index lists grouped by slot range
+    (not with a forced ``num_splits``), and on sm_90 the heads are sliced where :func:`slice_pays` says so. ``order``
+    forces the index lists grouped by slot range
     first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
     """
