@@ -3,7 +3,9 @@
 first (:func:`dsa.dequantize_fp8_ds_mla`, one pass over the cache) followed by the call on that copy, which
 takes the bf16 kernels (at 64 heads and more the ping-pong schedule; at 16/32 the one-producer fill). The
 dequantised values are those the kernels' producers compute (fp8 x group scale in fp32, rounded to bf16), so both
-ways attend over the same bf16 rows. Prints each way's time and their largest differences. GPU.
+ways attend over the same bf16 rows. The fp8 way is forced (``sparse_mla`` itself takes the copy where
+:func:`dsa.mla.kernel.dequant_first_pays`); the call as dispatched is timed beside them and must be bitwise equal
+to the way it chose. Prints each way's time and the two ways' largest differences. GPU.
 
     python benchmarks/ab_mla_prefill_dequant.py [ROUNDS] [H_Q ...]
 """
@@ -16,6 +18,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import dsa.mla.kernel as mla_kernel  # noqa: E402
 from dsa import dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
 from dsa.bench import mla_counts, mla_inputs  # noqa: E402
 
@@ -32,36 +35,51 @@ def main():
         q, kv, idx = mla_inputs(T, h, TOPK, 1, S_KV, "fp8_ds_mla")
         kv16 = torch.empty(*kv.shape[:-1], 576, dtype=torch.bfloat16, device="cuda")
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
-        fns = {"fp8 cache": lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton"),
+        fns = {"fp8 cache": lambda: fp8_kernels(lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton")),
                "dequantise + bf16": lambda: (dequantize_fp8_ds_mla(kv, out=kv16),
                                              sparse_mla(q, kv16, idx, sm, out=out, backend="triton"))[1],
-               "dequantise alone": lambda: dequantize_fp8_ds_mla(kv, out=kv16)}
+               "dequantise alone": lambda: dequantize_fp8_ds_mla(kv, out=kv16),
+               "dispatched": lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton")}
+        chosen = "dequantise + bf16" if mla_kernel.dequant_first_pays(T, h, TOPK, S_KV) else "fp8 cache"
         res = {}
-        for n in ("fp8 cache", "dequantise + bf16"):
+        for n in ("fp8 cache", "dequantise + bf16", "dispatched"):
             out.fill_(float("nan"))
             r = fns[n]()
             torch.cuda.synchronize()
             res[n] = (out.clone(), r[1].clone(), r[2].clone())
-        diff = [(a.float() - b.float()).abs().max().item() for a, b in zip(*res.values())]
+        same = all(torch.equal(a, b) for a, b in zip(res["dispatched"], res[chosen]))
+        diff = [(a.float() - b.float()).abs().max().item() for a, b in zip(res["fp8 cache"], res["dequantise + bf16"])]
         nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
         times = {n: [] for n in fns}
         for _ in range(rounds):
             for n, fn in fns.items():
                 times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
-        rows.append((h, diff, nan, times))
-        print(h, diff, nan, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
+        rows.append((h, diff, nan, times, chosen, same))
+        print(h, diff, nan, chosen, same, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
         q = kv = kv16 = idx = out = res = None
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of {S_KV}; do_bench medians of {rounds} "
           "interleaved rounds, µs; TFLOP/s of the whole way")
-    print(f"{'h_q':>4}  {'fp8 cache':>18}  {'dequantise + bf16':>26}  {'dequantise alone':>16}  max |diff| out/ml/lse")
-    for h, diff, nan, t in rows:
+    print(f"{'h_q':>4}  {'fp8 cache':>18}  {'dequantise + bf16':>26}  {'dequantise alone':>16}  {'dispatched':>10}"
+          "  max |diff| out/ml/lse")
+    for h, diff, nan, t, chosen, same in rows:
         med = {n: sorted(v)[len(v) // 2] for n, v in t.items()}
         flops = mla_counts(T, h, TOPK, "fp8_ds_mla")[0]
         a, b = med["fp8 cache"], med["dequantise + bf16"]
         print(f"{h:>4}  {a:9.1f} {flops / a / 1e6:6.1f} TF  {b:9.1f} {flops / b / 1e6:6.1f} TF"
-              f" {(b / a - 1) * 100:+6.1f}%  {med['dequantise alone']:16.1f}  {'/'.join(f'{d:.2g}' for d in diff)}"
-              f"{'  NaN!' if nan else ''}")
+              f" {(b / a - 1) * 100:+6.1f}%  {med['dequantise alone']:16.1f}  {med['dispatched']:10.1f}"
+              f"  {'/'.join(f'{d:.2g}' for d in diff)}  dispatched = {'copy' if chosen != 'fp8 cache' else 'fp8'}"
+              f"{' (bitwise)' if same else ' NOT EQUAL!'}{'  NaN!' if nan else ''}")
+
+
+def fp8_kernels(call):
+    """``call()`` with :func:`dsa.mla.kernel._dequant_first` off: the fp8 kernels dequantise the gathered rows."""
+    keep = mla_kernel._dequant_first
+    mla_kernel._dequant_first = lambda q, kv, indices: False
+    try:
+        return call()
+    finally:
+        mla_kernel._dequant_first = keep
 
 
 if __name__ == "__main__":
