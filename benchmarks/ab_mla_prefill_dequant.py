@@ -75,7 +75,7 @@ def main():
 def fp8_kernels(call):
     """``call()`` with :func:`dsa.mla.kernel._dequant_first` off: the fp8 kernels dequantise the gathered rows."""
     keep = mla_kernel._dequant_first
-    mla_kernel._dequant_first = lambda q, kv, indices: False
+    mla_kernel._dequant_first = lambda q, kv, indices: None
     try:
         return call()
     finally:

@@ -304,27 +304,91 @@ def test_slice_rule():
     assert SLICE_MIN_T[True] < SLICE_MIN_T[False]
 
 
-@pytest.mark.parametrize("h_q", [32, 48])
-def test_dequant_first(h_q, monkeypatch):
-    """A call over the fp8_ds_mla cache that runs on a bf16 copy of it (:func:`dsa.mla.kernel.dequant_first_pays`,
-    forced here): one dequantising pass over the whole cache (NaN rows in its unused slots included), then the bf16
-    call, through the public ``sparse_mla`` on a paged cache. Bitwise the bf16 call on the reference dequantiser's copy,
-    and against the reference: invalid entries, an empty row, topk_length, a sink, a poisoned ``out``."""
+def paged_case(T, h_q, topk, S, pages, seed, *, block_size=None, with_len=True):
+    """A case whose valid entries fall in the given pages of :data:`dsa.mla.compact.PAGE_ROWS` slots only (as a
+    prefill's read its requests' pages of an engine's pool): -1 / >= S entries scattered, duplicates, row 1 empty,
+    NaN in every slot not read (the other pages, and the slots of these pages that no entry names)."""
+    from dsa.mla.compact import PAGE_ROWS
+
+    g = gen(seed)
+    pages = torch.tensor(pages, dtype=torch.int64)
+    idx = pages[torch.randint(0, len(pages), (T, topk), generator=g)] * PAGE_ROWS
+    idx = (idx + torch.randint(0, PAGE_ROWS, (T, topk), generator=g)).clamp(max=S - 1)
+    bad = torch.rand(T, topk, generator=g) < 0.2
+    bad_vals = torch.tensor([-1, -7, S, S + 13, INT32_MAX], dtype=torch.int64)
+    idx[bad] = bad_vals[torch.randint(0, len(bad_vals), (int(bad.sum()),), generator=g)]
+    idx[:, topk // 2] = idx[:, 1]
+    if T > 1:
+        idx[1] = -1
+    idx = idx.to(torch.int32)
+    used = torch.zeros(S, dtype=torch.bool)
+    used[idx[(idx >= 0) & (idx < S)].long()] = True
+    kv = make_cache(S, "fp8_ds_mla", g, used, block_size=block_size)
+    q = torch.randn(T, h_q, D_QK, generator=g).to(torch.bfloat16)
+    topk_length = torch.randint(0, topk + 1, (T,), generator=g, dtype=torch.int32) if with_len else None
+    sink = (torch.randn(h_q, generator=g) * 2).float()
+    return [None if x is None else x.to(DEVICE) for x in (q, kv, idx, topk_length, sink)]
+
+
+@pytest.mark.parametrize("with_len", [False, True])
+def test_compact(with_len):
+    """:func:`dsa.mla.compact.compact`: the bf16 copy of the pages a call reads (among them the cache's last page, cut
+    short) and the lists remapped onto it, bitwise the reference's (the copy's NaN rows included); every valid entry
+    names its own slot's dequantised row in the copy, every other entry -1; no valid entry at all: an empty copy."""
+    from dsa.mla.compact import PAGE_ROWS, compact, compact_ref
+
+    S = 40 * PAGE_ROWS + 17
+    pages = [3, 4, 17, 38, 40]
+    q, kv, idx, tl_, _ = paged_case(6, 16, 300, S, pages, seed=11, with_len=with_len)
+    kv = ref_mod.flat_kv(kv)
+    copy, new = compact(kv, idx, tl_)
+    want_copy, want_new = compact_ref(kv, idx, tl_)
+    assert copy.shape == (len(pages) * PAGE_ROWS, D_QK) and new.shape == idx.shape and new.dtype == torch.int32
+    assert torch.equal(copy.view(torch.int16), want_copy.view(torch.int16)) and torch.equal(new, want_new)
+    valid = ref_mod.valid_mask(idx.long(), S, tl_)
+    assert (new[~valid] == -1).all() and (new[valid] >= 0).all()
+    assert torch.equal(copy[new[valid].long()].view(torch.int16),
+                       dequantize_fp8_ds_mla(kv[idx[valid].long()]).view(torch.int16))
+    assert (copy[len(pages) * PAGE_ROWS - PAGE_ROWS + 17:] == 0).all()  # (past the cache's end)
+    none = torch.where(idx >= 0, idx + S, idx)
+    copy, new = compact(kv, none, tl_)
+    assert copy.shape == (0, D_QK) and (new == -1).all()
+
+
+@pytest.mark.parametrize("way,h_q", [("whole", 32), ("whole", 48), ("pages", 32), ("pages", 64)])
+def test_dequant_first(way, h_q, monkeypatch):
+    """A call over the fp8_ds_mla cache that runs on a bf16 copy (:func:`dsa.mla.kernel.dequant_first_pays`, forced
+    here) through the public ``sparse_mla`` on a paged cache: of the whole cache (one dequantising pass, NaN rows in
+    its unused slots included), bitwise the bf16 call on the reference dequantiser's copy; or of the pages the call
+    reads (:mod:`dsa.mla.compact`), bitwise the bf16 call on the reference's compacted copy and lists. Both against the
+    reference: invalid entries, an empty row, topk_length, a sink, a poisoned ``out``."""
     import dsa.mla.kernel as K
     import dsa.mla_cache.kernel as C
+    from dsa.mla.compact import PAGE_ROWS, compact_ref
 
-    T, topk, S = 4, 100, 192
-    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "fp8_ds_mla", seed=h_q + 5, block_size=64,
-                                          empty_rows=(1,), with_len=True, with_sink=True)
-    monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: kv.shape == (S, FP8_DS_MLA_ROW_BYTES))
+    T, topk = 4, 100
+    if way == "whole":
+        S = 192
+        q, kv, idx, sm, sink, tl_ = make_case(T, h_q, topk, S, "fp8_ds_mla", seed=h_q + 5, block_size=64,
+                                              empty_rows=(1,), with_len=True, with_sink=True)
+    else:
+        S, sm = 9 * PAGE_ROWS + 5, 192 ** -0.5
+        q, kv, idx, tl_, sink = paged_case(T, h_q, topk, S, [1, 6, 9], seed=h_q + 6, block_size=7)  # (581 = 83 x 7)
+    monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: way if kv.shape == (S, FP8_DS_MLA_ROW_BYTES)
+                        else None)
+    monkeypatch.setattr(K, "dequant_first_pays", lambda *a: True)
     reads = []
     read = C.fp8_ds_mla_read
-    monkeypatch.setattr(C, "fp8_ds_mla_read", lambda rows, out: (reads.append(rows.shape), read(rows, out))[1])
+    monkeypatch.setattr(C, "fp8_ds_mla_read", lambda rows, out, **kw: (reads.append(out.shape[0]),
+                                                                       read(rows, out, **kw))[1])
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=q.device))
     got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out, backend="triton")
-    assert got[0] is out and reads == [(S, FP8_DS_MLA_ROW_BYTES)]
-    copy = dequantize_fp8_ds_mla(ref_mod.flat_kv(kv))  # (the reference dequantiser, NaN rows and all)
-    same = sparse_mla_triton(q, copy, idx, sm, D_V, sink, tl_)
+    if way == "whole":
+        copy, lists = dequantize_fp8_ds_mla(ref_mod.flat_kv(kv)), idx  # (the reference dequantiser, NaN rows and all)
+    else:
+        copy, lists = compact_ref(ref_mod.flat_kv(kv), idx, tl_)
+    assert got[0] is out and reads == [copy.shape[0]] and copy.shape[0] == (S if way == "whole" else 3 * PAGE_ROWS)
+    same = sparse_mla_triton(q, copy, lists, sm, D_V, sink, tl_)
     for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
         assert torch.equal(a, b), name
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S),
@@ -332,19 +396,69 @@ def test_dequant_first(h_q, monkeypatch):
     assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all()
 
 
+def test_dequant_first_pages_declined(monkeypatch):
+    """Where the pages a call reads make too big (or too small) a copy (``dequant_first_pays`` says no once their
+    count is known), the call runs on the fp8 kernels as if no copy had been tried: bitwise the same results."""
+    import dsa.mla.kernel as K
+    from dsa.mla.compact import PAGE_ROWS
+
+    S = 9 * PAGE_ROWS + 5
+    q, kv, idx, tl_, sink = paged_case(3, 32, 100, S, [0, 9], seed=3)
+    plain = sparse_mla(q, kv, idx, 0.1, attn_sink=sink, topk_length=tl_, backend="triton")
+    asked = []
+    monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: "pages")
+    monkeypatch.setattr(K, "dequant_first_pays", lambda T, h, topk, rows: asked.append(rows) and False)
+    got = sparse_mla(q, kv, idx, 0.1, attn_sink=sink, topk_length=tl_, backend="triton")
+    assert asked == [2 * PAGE_ROWS]
+    for a, b, name in zip(got, plain, ("out", "max_logits", "lse")):
+        assert torch.equal(a, b), name
+
+
 def test_dequant_first_rule():
-    """Which calls over the fp8_ds_mla cache run on a bf16 copy of it (on sm_90): more than 16 heads, at least
-    ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per cache row (more at 32 heads or fewer), a copy of at most
-    ``DEQUANT_FIRST_MAX_BYTES`` whose index lists are grouped (:func:`order_pays`), as at the measured shape."""
+    """Which calls over the fp8_ds_mla cache run on a bf16 copy of ``rows`` of its rows (on sm_90): more than 16 heads,
+    at least ``ORDER_MIN_T`` tokens, at least ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per copied row (more at 32 heads
+    or fewer), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured."""
     from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_pays
 
-    measured = (4096, 2048, 131072)  # T, topk, S (BENCHMARKS.md, fifty-third session)
+    measured = (4096, 2048, 131072)  # T, topk, rows (BENCHMARKS.md, fifty-third and fifty-fourth sessions)
     assert [h for h in range(8, 129, 8) if dequant_first_pays(measured[0], h, *measured[1:])] == list(range(24, 129, 8))
-    assert dequant_first_pays(4096, 32, 2048, 262144) and not dequant_first_pays(4096, 32, 2048, 262145 + 4096)
-    assert dequant_first_pays(4096, 64, 2048, 300000) and dequant_first_pays(4096, 128, 2048, 400000)
+    assert dequant_first_pays(4096, 32, 2048, 131072) and not dequant_first_pays(4096, 32, 2048, 131073)
+    assert not dequant_first_pays(4096, 32, 2048, 262144)  # (measured: no gain left at 32 rows per copied row)
+    assert dequant_first_pays(4096, 64, 2048, 393216) and dequant_first_pays(4096, 128, 2048, 400000)
+    assert dequant_first_pays(1024, 64, 2048, 16384) and dequant_first_pays(4096, 32, 2048, 16384)  # (small copies)
     assert not dequant_first_pays(4096, 128, 2048, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2) + 1)  # too big a copy
-    assert not dequant_first_pays(4096, 64, 2048, 65536)  # a copy too small to be grouped
-    assert not dequant_first_pays(ORDER_MIN_T - 1, 128, 2048, 131072)  # decode batches
+    assert not dequant_first_pays(ORDER_MIN_T - 1, 128, 2048, 1024)  # decode batches
+    assert not dequant_first_pays(4096, 128, 2048, 0)
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_dequant_first_ways(capturing, monkeypatch):
+    """Which copy a call over the fp8_ds_mla cache takes where the Hopper kernels serve it: the whole cache where
+    :func:`dequant_first_pays` accepts its size; else the pages the call reads, tried for 64-head groups with at least
+    ``DEQUANT_FIRST_PAGES_MIN_WORK`` tokens x heads where no CUDA graph is being captured (the page count is read back
+    to the host); else none."""
+    import dsa.mla.kernel as K
+    from dsa.mla.kernel import ORDER_MIN_T
+
+    class Hopper:
+        supported = staticmethod(lambda q, kv, block_h: True)
+
+    monkeypatch.setattr(K, "kernel_sm90", Hopper)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+
+    def way(T, h_q, S, topk=2048):
+        return K._dequant_first(torch.empty(T, h_q, 0), torch.empty(S, 0), torch.empty(T, topk))
+
+    pool = 1 << 21  # (2M rows: a copy of 2.3 GB)
+    assert way(4096, 32, 131072) == "whole" and way(4096, 128, 400000) == "whole" and way(1024, 64, 16384) == "whole"
+    pages = None if capturing else "pages"
+    assert way(4096, 128, pool) == way(2048, 64, pool) == way(1024, 128, pool) == way(2048, 64, 400000) == pages
+    assert way(2048, 72, pool) == way(4096, 40, pool) == pages
+    assert way(4096, 16, pool) is None and way(4096, 16, 131072) is None  # (16 heads: never)
+    assert way(8192, 32, pool) is None and way(4096, 32, 262144) is None  # (32 heads: only a whole copy)
+    assert way(2047, 64, pool) is None and way(1023, 128, pool) is None  # (too little work for the pages' cost)
+    assert way(ORDER_MIN_T - 1, 128, pool) is None
 
 
 @pytest.mark.parametrize("topk", [1, 64, 100, 130])

@@ -514,35 +514,60 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
     return h_q > 64 and 0 < h_q % 64 <= 32 and T >= SLICE_MIN_T[bool(is_fp8)]
 
 
-#: many-token calls over the fp8_ds_mla cache with more than 16 heads, on Hopper: the whole cache is dequantised to a
-#: bf16 copy first (one pass over it, :func:`dsa.mla_cache.kernel.fp8_ds_mla_read`: the values the kernels' producers
-#: would compute) and the call runs on that copy (:func:`dequant_first_pays`). There the bf16 kernels run with one
-#: producer warpgroup copying rows beside the math (64 heads: the ping-pong schedule), where the fp8 ones run two
-#: dequantising, and the copy's index lists are grouped by slot range. Measured on an H100 (BENCHMARKS.md, fifty-third
-#: session; 4096 tokens x topk 2048 of 128K rows, do_bench, one run, µs, the copy included): h_q 32 2430.7 -> 2128.5,
-#: 64 3731.2 -> 2893.3, 128 7039.1 -> 5017.3; but h_q 16 1713.5 -> 1998.2 (so never for 16 heads); the copy alone 92.
-#: Counted from these, the copy pays for itself from about 15 (h_q 32), 6.3 (64) or 2.8 (128) gathered rows per cache
-#: row; the thresholds below ask twice the worst of each head-group size (:func:`block_h_for`; 16-head groups: never).
-#: At most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and only where the copy's lists are grouped (:func:`order_pays`),
-#: as measured.
-DEQUANT_FIRST_MIN_RATIO = {32: 32, 64: 16}
+#: many-token calls over the fp8_ds_mla cache with more than 16 heads, on Hopper, run on a bf16 copy: of the whole cache
+#: where it is small enough, else of the pages the call reads (:mod:`dsa.mla.compact`; an engine's pool is far larger
+#: than the contexts of one prefill). The copy holds the values the kernels' producers would compute, and the call
+#: runs on it with the bf16 kernels: one producer warpgroup copying rows beside the math (64 heads: the ping-pong
+#: schedule), where the fp8 ones run two dequantising. Measured on an H100 (BENCHMARKS.md, fifty-third and fifty-fourth
+#: sessions; 4096 tokens x topk 2048, do_bench, µs, fp8 kernels -> bf16 kernels on the copy, the copy not included):
+#: over a context of 16K / 32K / 128K / 192K / 256K rows at h_q 32 2356 -> 1661 / 2384 -> 1782 / 2442 -> 2024 / 2439 ->
+#: 2367 / 2479 -> 2468; h_q 64 over 64K / 256K / 384K 3595 -> 2812 / 3791 -> 3082 / 3834 -> 3310; h_q 128 6966 -> 4824
+#: / 7127 -> 5040 / 7159 -> 5103; 1024 tokens over 16K rows: h_q 32 / 64 / 128 616 -> 436 / 876 -> 588 / 1712 -> 1130.
+#: But h_q 16 1713.5 -> 1998.2 with the copy (so never for 16 heads). The whole cache's copy takes about 0.7 µs per
+#: 1K rows (92 µs for 128K). So the bf16 kernels gain less as each cache row is gathered fewer times: at 32 heads
+#: nothing left at 32 gathered rows per copied row (256K), and at 43 less than a copy costs; at 64 and 128 heads they
+#: gain 14% / 28% at 21 (384K). Hence at least ``DEQUANT_FIRST_MIN_RATIO[block_h_for(h_q)]`` gathered rows per
+#: copied row, at most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and at least ``ORDER_MIN_T`` tokens
+#: (:func:`dequant_first_pays`).
+DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
+#: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
+#: pages: 80 µs for 4096 x 2048 entries) and a synchronisation before its size is known, after which the GPU waits
+#: for the host to launch the rest of the call (the bf16 call alone: 130-330 µs of host time). On an H100 (fifty-fourth
+#: session; 4096 tokens x topk 2048 over a context of 16K / 128K / 384K rows in a pool of 2M, do_bench, µs) that
+#: makes h_q 64 3381 -> 2800 / 3702 -> 3422 / 3829 -> 3797 and h_q 128 6604 -> 4960 / 7053 -> 5256 / 7145 -> 5690,
+#: but at h_q 32 over 128K rows 2407 -> 2592 (where the bf16 kernels on the copy take 2007, the copy 354 more), and
+#: at 1024 tokens over 16K rows h_q 128 1702 -> 1640. So it is tried only for 64-head groups (more than 32 heads), with
+#: at least this many tokens x heads (64 heads: 2048 tokens; 128: 1024), where the whole cache makes too big a copy or
+#: too many rows per entry.
+DEQUANT_FIRST_PAGES_MIN_WORK = 131072
 
 
-def dequant_first_pays(T: int, h_q: int, topk: int, S: int) -> bool:
-    """Whether a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an fp8_ds_mla cache of ``S``
-    rows runs on a bf16 copy of the cache instead, on Hopper (see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
+def dequant_first_pays(T: int, h_q: int, topk: int, rows: int) -> bool:
+    """Whether a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an fp8_ds_mla cache runs on a
+    bf16 copy of ``rows`` of its rows instead, on Hopper (see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
     ratio = DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q))
-    return (ratio is not None and S * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES and order_pays(T, 1, topk, S, D_QK * 2)
-            and T * topk >= ratio * S)
+    return (ratio is not None and T >= ORDER_MIN_T and 0 < rows * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES
+            and T * topk >= ratio * rows)
 
 
-def _dequant_first(q, kv, indices) -> bool:
-    """:func:`dequant_first_pays` for an fp8_ds_mla call (``kv`` the flat ``[S, 656]`` view) where the Hopper kernels
-    serve it."""
+def _dequant_first(q, kv, indices) -> str | None:
+    """How an fp8_ds_mla call (``kv`` the flat ``[S, 656]`` view) runs on a bf16 copy where the Hopper kernels serve it:
+    ``"whole"``, a copy of the whole cache (:func:`dequant_first_pays` for ``S`` rows); ``"pages"``, a copy of the
+    pages the call reads (:mod:`dsa.mla.compact`, which asks :func:`dequant_first_pays` again once it knows their
+    number), tried as :data:`DEQUANT_FIRST_PAGES_MIN_WORK` says and never while a CUDA graph is being captured (it
+    reads that number back to the host); ``None``: no copy."""
     T, h_q, _ = q.shape
-    return (kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)
-            and dequant_first_pays(T, h_q, indices.shape[1], kv.shape[0]))
+    topk, S = indices.shape[1], kv.shape[0]
+    if DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q)) is None or kernel_sm90 is None or not kernel_sm90.supported(
+            q, kv, 64):
+        return None
+    if dequant_first_pays(T, h_q, topk, S):
+        return "whole"
+    if (block_h_for(h_q) >= 64 and T * h_q >= DEQUANT_FIRST_PAGES_MIN_WORK and dequant_first_pays(T, h_q, topk, 1)
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
+        return "pages"
+    return None
 
 
 def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, num_splits, config, order):
@@ -599,12 +624,20 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
         if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
             return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
-    if is_fp8 and not config and num_splits is None and T > 0 and _dequant_first(q, kv, indices):
+    way = _dequant_first(q, kv, indices) if is_fp8 and not config and num_splits is None and T > 0 else None
+    if way == "whole":
         from ..mla_cache.kernel import fp8_ds_mla_read
 
         kv16 = torch.empty(S, D_QK, dtype=torch.bfloat16, device=dev)
         fp8_ds_mla_read(kv, kv16)
         return sparse_mla_triton(q, kv16, indices, sm_scale, d_v, attn_sink, topk_length, out, None, None, order)
+    if way == "pages":
+        from .compact import compact
+
+        copied = compact(kv, indices, topk_length, accept=lambda rows: dequant_first_pays(T, h_q, topk, rows))
+        if copied is not None:
+            return sparse_mla_triton(q, copied[0], copied[1], sm_scale, d_v, attn_sink, topk_length, out, None, None,
+                                     order)
     sliced = (config or {}).get("slice_heads")
     if sliced is not False and h_q > 64 and h_q % 64 and (
             sliced or (not config and kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)

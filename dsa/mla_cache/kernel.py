@@ -85,23 +85,32 @@ def _mla_cache_write_kernel(
 
 @triton.jit
 def _fp8_ds_mla_read_kernel(
-    val_ptr, scale_ptr, rope_ptr, out_ptr,
-    n_rows, stride_val, stride_scale, stride_rope, stride_out,
+    val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr,
+    n_rows, n_src, stride_val, stride_scale, stride_rope, stride_out,
     BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr, FP8_MODE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     ok = i < n_rows
+    if PAGED:  # output row i <- source row pages[i // PAGE] * PAGE + i % PAGE (0 past the source's end)
+        page = tl.load(page_ptr + (i >> PAGE_SHIFT), mask=ok, other=0).to(tl.int64)
+        src = (page << PAGE_SHIFT) + (i & ((1 << PAGE_SHIFT) - 1))
+        ld = ok & (src < n_src)
+    else:
+        src = i
+        ld = ok
     ok2 = ok[:, None]
+    ld2 = ld[:, None]
     d = tl.arange(0, GROUP)
     for g in tl.static_range(NUM_GROUPS):
         cols = g * GROUP + d
-        b = tl.load(val_ptr + i[:, None] * stride_val + cols[None, :], mask=ok2, other=0)
-        s = tl.load(scale_ptr + i * stride_scale + g, mask=ok, other=0.0)
+        b = tl.load(val_ptr + src[:, None] * stride_val + cols[None, :], mask=ld2, other=0)
+        s = tl.load(scale_ptr + src * stride_scale + g, mask=ld, other=0.0)
         v = tl_fp8_to_f32(b, FP8_MODE) * s[:, None]
         tl.store(out_ptr + i[:, None] * stride_out + cols[None, :], v.to(tl.bfloat16), mask=ok2)
     r = tl.arange(0, ROPE)
-    pe = tl.load(rope_ptr + i[:, None] * stride_rope + r[None, :], mask=ok2, other=0.0)
+    pe = tl.load(rope_ptr + src[:, None] * stride_rope + r[None, :], mask=ld2, other=0.0)
     tl.store(out_ptr + i[:, None] * stride_out + NUM_GROUPS * GROUP + r[None, :], pe, mask=ok2)
 
 
@@ -130,17 +139,22 @@ def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
     )
 
 
-def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor) -> None:
-    """Dequantise ``rows [R, 656]`` uint8 (row stride free) into ``out [R, 576]`` bf16."""
-    n = rows.shape[0]
+def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor, pages: torch.Tensor | None = None,
+                    page_rows: int = 64) -> None:
+    """Dequantise ``rows [R, 656]`` uint8 (row stride free) into ``out [R, 576]`` bf16; with ``pages [P]`` int32
+    (page numbers of ``page_rows`` rows, a power of two), only those pages, in that order: ``out [P * page_rows,
+    576]`` row ``i`` from row ``pages[i // page_rows] * page_rows + i % page_rows`` (0 where that is past ``R``)."""
+    n = rows.shape[0] if pages is None else out.shape[0]
     if n == 0:
         return
+    shift = page_rows.bit_length() - 1
+    assert pages is None or (1 << shift == page_rows and n == pages.numel() * page_rows), "pages and out disagree"
     values, scales, rope = fp8_ds_mla_views(rows)
     cfg = CONFIG["read"]
     grid = (cdiv(n, cfg["BLOCK_R"]),)
     _fp8_ds_mla_read_kernel[grid](
-        values.view(torch.uint8), scales, rope, out,
-        n, values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),
+        values.view(torch.uint8), scales, rope, out, out if pages is None else pages,
+        n, rows.shape[0], values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),
         BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
-        FP8_MODE=fp8_mode(rows.device), num_warps=cfg["num_warps"],
+        FP8_MODE=fp8_mode(rows.device), PAGED=pages is not None, PAGE_SHIFT=shift, num_warps=cfg["num_warps"],
     )

@@ -1,0 +1,115 @@
+"""Many-token sparse MLA over an engine-sized fp8_ds_mla pool, where the tokens read only their context's pages:
+on the fp8 kernels, and on a bf16 copy of just those pages (:mod:`dsa.mla.compact`: the pages marked, the lists
+remapped, the page count read back to the host, the pages dequantised), in interleaved rounds. The pool's other
+pages hold NaN. Also timed: the copy alone (``compact``), its first pass alone (``mark_pages``), the bf16 call on a
+copy made beforehand, and the call as dispatched (``sparse_mla`` takes the copy where
+:func:`dsa.mla.kernel.dequant_first_pays` accepts its rows), which must be bitwise equal to the way it chose; and
+the host time of the bf16 call (which the synchronisation exposes). GPU.
+
+    python benchmarks/ab_mla_prefill_pool.py [--rounds 3] [--heads 32 64 128] [--contexts 32768 131072]
+        [--pool 2097152] [--tokens 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import dsa.mla.kernel as mla_kernel  # noqa: E402
+from dsa import sparse_mla  # noqa: E402
+from dsa.bench import mla_counts, mla_inputs  # noqa: E402
+from dsa.constants import FP8_DS_MLA_ROW_BYTES  # noqa: E402
+from dsa.mla.compact import PAGE_ROWS, compact, mark_pages  # noqa: E402
+
+from ab_mla_prefill_dequant import fp8_kernels  # noqa: E402  (benchmarks/ is the script's folder)
+
+TOPK = 2048
+
+
+def pool_case(T, h, ctx, pool_rows, seed=0):
+    """q, the pool ``[pool_rows, 656]`` (NaN bytes but in the context's pages, placed at random), indices into it."""
+    q, kv, idx = mla_inputs(T, h, TOPK, 1, ctx, "fp8_ds_mla", seed=seed)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed + 1)
+    pool = torch.full((pool_rows, FP8_DS_MLA_ROW_BYTES), 0xFF, dtype=torch.uint8, device="cuda")
+    at = torch.randperm(pool_rows // PAGE_ROWS, device="cuda", generator=g)[: ctx // PAGE_ROWS]
+    pool.view(-1, PAGE_ROWS, FP8_DS_MLA_ROW_BYTES)[at] = kv.reshape(-1, PAGE_ROWS, FP8_DS_MLA_ROW_BYTES)
+    idx = (at[idx.long() // PAGE_ROWS] * PAGE_ROWS + idx.long() % PAGE_ROWS).to(torch.int32)
+    return q, pool, idx
+
+
+def host_us(fn, n=20):
+    """Median host time of ``fn()`` in µs, the GPU kept busy (no synchronisation between the calls): what a
+    synchronisation before the call exposes."""
+    fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(ts)[n // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--heads", type=int, nargs="+", default=[32, 64, 128])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072, 262144])
+    ap.add_argument("--pool", type=int, default=1 << 21)
+    ap.add_argument("--tokens", type=int, default=4096)
+    a = ap.parse_args()
+    T, sm = a.tokens, 192 ** -0.5
+    rows = []
+    for ctx in a.contexts:
+        for h in a.heads:
+            q, pool, idx = pool_case(T, h, ctx, a.pool)
+            out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
+            copy, lists = compact(pool, idx, None)
+            chosen = mla_kernel._dequant_first(q, pool, idx) == "pages" and mla_kernel.dequant_first_pays(
+                T, h, TOPK, copy.shape[0])
+            fns = {"fp8 cache": lambda: fp8_kernels(lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")),
+                   "copy alone": lambda: compact(pool, idx, None),
+                   "marking alone": lambda: mark_pages(idx, None, pool.shape[0]),
+                   "bf16 on copy": lambda: sparse_mla(q, copy, lists, sm, out=out, backend="triton"),
+                   "dispatched": lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")}
+            res = {}
+            for n in ("fp8 cache", "bf16 on copy", "dispatched"):
+                out.fill_(float("nan"))
+                r = fns[n]()
+                torch.cuda.synchronize()
+                res[n] = (out.clone(), r[1].clone(), r[2].clone())
+            same = all(torch.equal(x, y) for x, y in zip(res["dispatched"], res["bf16 on copy" if chosen
+                                                                                 else "fp8 cache"]))
+            diff = [(x.float() - y.float()).abs().max().item() for x, y in zip(res["fp8 cache"], res["bf16 on copy"])]
+            nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
+            times = {n: [] for n in fns}
+            for _ in range(a.rounds):
+                for n, fn in fns.items():
+                    times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
+            times["host, bf16 call"] = [host_us(fns["bf16 on copy"])]
+            rows.append((ctx, h, diff, nan, times, chosen, same))
+            print(ctx, h, diff, nan, chosen, same, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
+            q = pool = idx = out = copy = lists = res = None
+            torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of a context of C rows in pages of "
+          f"{PAGE_ROWS} spread over a pool of {a.pool} rows; do_bench medians of {a.rounds} interleaved rounds, µs")
+    print(f"{'C':>7} {'h_q':>4}  {'fp8 cache':>17}  {'copy + bf16':>9}  {'copy':>6}  {'bf16 on copy':>18}"
+          f"  {'dispatched':>10}  {'mark':>5}  {'host':>5}  max |diff| out/ml/lse")
+    for ctx, h, diff, nan, t, chosen, same in rows:
+        med = {n: sorted(v)[len(v) // 2] for n, v in t.items()}
+        flops = mla_counts(T, h, TOPK, "fp8_ds_mla")[0]
+        a_, c, b = med["fp8 cache"], med["copy alone"], med["bf16 on copy"]
+        print(f"{ctx:>7} {h:>4}  {a_:8.1f} {flops / a_ / 1e6:5.1f} TF  {c + b:9.1f}  {c:6.1f}  {b:8.1f} "
+              f"{flops / b / 1e6:5.1f} TF  {med['dispatched']:10.1f}  {med['marking alone']:5.1f}"
+              f"  {med['host, bf16 call']:5.0f}  {'/'.join(f'{d:.2g}' for d in diff)}"
+              f"  {'copy' if chosen else 'fp8'}{' (bitwise)' if same else ' NOT EQUAL!'}{'  NaN!' if nan else ''}")
+
+
+if __name__ == "__main__":
+    main()
