@@ -526,17 +526,17 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 #: But h_q 16 1713.5 -> 1998.2 with the copy (so never for 16 heads). The whole cache's copy takes about 0.7 µs per
 #: 1K rows (92 µs for 128K). So the bf16 kernels gain less as each cache row is gathered fewer times: at 32 heads
 #: nothing left at 32 gathered rows per copied row (256K), and at 43 less than a copy costs; at 64 and 128 heads they
-#: gain 14% / 28% at 21 (384K). Hence at least ``DEQUANT_FIRST_MIN_RATIO[block_h_for(h_q)]`` gathered rows per
+#: gain 14% / 29% at 21 (384K). Hence at least ``DEQUANT_FIRST_MIN_RATIO[block_h_for(h_q)]`` gathered rows per
 #: copied row, at most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and at least ``ORDER_MIN_T`` tokens
 #: (:func:`dequant_first_pays`).
 DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 #: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
 #: pages: 80 µs for 4096 x 2048 entries) and a synchronisation before its size is known, after which the GPU waits
-#: for the host to launch the rest of the call (the bf16 call alone: 130-330 µs of host time). On an H100 (fifty-fourth
+#: for the host to launch the rest of the call (the bf16 call alone: 110-330 µs of host time). On an H100 (fifty-fourth
 #: session; 4096 tokens x topk 2048 over a context of 16K / 128K / 384K rows in a pool of 2M, do_bench, µs) that
 #: makes h_q 64 3381 -> 2800 / 3702 -> 3422 / 3829 -> 3797 and h_q 128 6604 -> 4960 / 7053 -> 5256 / 7145 -> 5690,
-#: but at h_q 32 over 128K rows 2407 -> 2592 (where the bf16 kernels on the copy take 2007, the copy 354 more), and
+#: but at h_q 32 over 128K rows 2407 -> 2592 (where the bf16 kernels on the copy take 2007, the copy 392 more), and
 #: at 1024 tokens over 16K rows h_q 128 1702 -> 1640. So it is tried only for 64-head groups (more than 32 heads), with
 #: at least this many tokens x heads (64 heads: 2048 tokens; 128: 1024), where the whole cache makes too big a copy or
 #: too many rows per entry.
