@@ -22,25 +22,12 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as mla_kernel  # noqa: E402
 from dsa import sparse_mla  # noqa: E402
-from dsa.bench import mla_counts, mla_inputs  # noqa: E402
-from dsa.constants import FP8_DS_MLA_ROW_BYTES  # noqa: E402
+from dsa.bench import MLA_POOL_ROWS, mla_counts, mla_inputs  # noqa: E402
 from dsa.mla.compact import PAGE_ROWS, compact, mark_pages  # noqa: E402
 
 from ab_mla_prefill_dequant import fp8_kernels  # noqa: E402  (benchmarks/ is the script's folder)
 
 TOPK = 2048
-
-
-def pool_case(T, h, ctx, pool_rows, seed=0):
-    """q, the pool ``[pool_rows, 656]`` (NaN bytes but in the context's pages, placed at random), indices into it."""
-    q, kv, idx = mla_inputs(T, h, TOPK, 1, ctx, "fp8_ds_mla", seed=seed)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed + 1)
-    pool = torch.full((pool_rows, FP8_DS_MLA_ROW_BYTES), 0xFF, dtype=torch.uint8, device="cuda")
-    at = torch.randperm(pool_rows // PAGE_ROWS, device="cuda", generator=g)[: ctx // PAGE_ROWS]
-    pool.view(-1, PAGE_ROWS, FP8_DS_MLA_ROW_BYTES)[at] = kv.reshape(-1, PAGE_ROWS, FP8_DS_MLA_ROW_BYTES)
-    idx = (at[idx.long() // PAGE_ROWS] * PAGE_ROWS + idx.long() % PAGE_ROWS).to(torch.int32)
-    return q, pool, idx
 
 
 def host_us(fn, n=20):
@@ -61,14 +48,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--heads", type=int, nargs="+", default=[32, 64, 128])
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072, 262144])
-    ap.add_argument("--pool", type=int, default=1 << 21)
+    ap.add_argument("--pool", type=int, default=MLA_POOL_ROWS)
     ap.add_argument("--tokens", type=int, default=4096)
     a = ap.parse_args()
     T, sm = a.tokens, 192 ** -0.5
     rows = []
     for ctx in a.contexts:
         for h in a.heads:
-            q, pool, idx = pool_case(T, h, ctx, a.pool)
+            q, kv, idx = mla_inputs(T, h, TOPK, 1, ctx, "fp8_ds_mla", pool_rows=a.pool)
+            pool = kv.reshape(-1, kv.shape[-1])
             out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
             copy, lists = compact(pool, idx, None)
             chosen = mla_kernel._dequant_first(q, pool, idx) == "pages" and mla_kernel.dequant_first_pays(
@@ -95,7 +83,7 @@ def main():
             times["host, bf16 call"] = [host_us(fns["bf16 on copy"])]
             rows.append((ctx, h, diff, nan, times, chosen, same))
             print(ctx, h, diff, nan, chosen, same, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
-            q = pool = idx = out = copy = lists = res = None
+            q = kv = pool = idx = out = copy = lists = res = None
             torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of a context of C rows in pages of "
           f"{PAGE_ROWS} spread over a pool of {a.pool} rows; do_bench medians of {a.rounds} interleaved rounds, µs")

@@ -459,7 +459,12 @@ MLA_SHAPES = {
     # prefill over the fp8_ds_mla cache (no goal of its own; 32+ heads run on a bf16 copy: dequant_first_pays)
     "prefill_fp8_h128": (4096, 128, 2048, 1, 131072, "fp8_ds_mla"),
     "prefill_fp8_h32": (4096, 32, 2048, 1, 131072, "fp8_ds_mla"),
+    # the same context in an engine's pool of MLA_POOL_ROWS rows (64+ heads: a bf16 copy of the pages read)
+    "prefill_fp8_h128_pool": (4096, 128, 2048, 1, 131072, "fp8_ds_mla"),
+    "prefill_fp8_h64_pool": (4096, 64, 2048, 1, 131072, "fp8_ds_mla"),
 }
+#: the pool of the ``*_pool`` shapes (:func:`mla_inputs`' ``pool_rows``): 2M rows, 1.3 GB of fp8_ds_mla
+MLA_POOL_ROWS = 1 << 21
 MLA_QUICK = {
     "prefill_bf16_h128": (1024, 128, 2048, 1, 131072, "bf16"),
     "decode_fp8_h128": (64, 128, 2048, 32, 32768, "fp8_ds_mla"),
@@ -483,9 +488,11 @@ MLA_SWEEP = {
 }
 
 
-def mla_inputs(T, h_q, topk, num_req, s_kv, kv_format, block_size=64, seed=0, dev="cuda"):
+def mla_inputs(T, h_q, topk, num_req, s_kv, kv_format, block_size=64, seed=0, dev="cuda", pool_rows=None):
     """Requests of s_kv cached tokens each; every query token attends to topk random slots of its
-    own request (all valid). T tokens are spread evenly over the requests."""
+    own request (all valid). T tokens are spread evenly over the requests. ``pool_rows`` (a multiple of
+    ``block_size``, at least ``num_req * s_kv``): the cache is an engine's pool of that many rows instead, the
+    requests' blocks at random places in it and NaN in every other row (fp8: bytes 0xFF)."""
     from .mla_cache.reference import quantize_fp8_ds_mla
 
     g = torch.Generator(device=dev)
@@ -502,6 +509,15 @@ def mla_inputs(T, h_q, topk, num_req, s_kv, kv_format, block_size=64, seed=0, de
     req = torch.arange(T, device=dev) * num_req // T
     idx = (torch.randint(0, s_kv, (T, topk), device=dev, generator=g) + req[:, None] * s_kv).to(torch.int32)
     q = torch.randn(T, h_q, D_QK, device=dev, generator=g).to(torch.bfloat16)
+    if pool_rows is not None:
+        if pool_rows % block_size or pool_rows < S:
+            raise ValueError(f"pool_rows: expected a multiple of {block_size} of at least {S}, got {pool_rows}")
+        at = torch.randperm(pool_rows // block_size, device=dev, generator=g)[: S // block_size]
+        pool = torch.empty(pool_rows, kv.shape[1], dtype=kv.dtype, device=dev)
+        pool.view(torch.uint8).fill_(0xFF)  # (NaN in bf16 and in e4m3fn, scales and rope alike)
+        pool.view(-1, block_size, kv.shape[1])[at] = kv.view(-1, block_size, kv.shape[1])
+        idx = (at[idx.long() // block_size] * block_size + idx.long() % block_size).to(torch.int32)
+        kv, S = pool, pool_rows
     nb = S // block_size
     kv = kv.view(nb, block_size, D_QK) if kv_format == "bf16" else kv.view(nb, block_size, 1, FP8_DS_MLA_ROW_BYTES)
     return q, kv, idx
@@ -570,7 +586,8 @@ def mla_suite(size="full", sweep=False, dev="cuda", baseline=True, shapes=None, 
             log(f"# deadline: skipped {name}")
             continue
         bsz = 64 if num_req * s_kv % 64 == 0 else 1
-        q, kv, idx = mla_inputs(T, h_q, topk, num_req, s_kv, fmt, block_size=bsz, dev=dev)
+        q, kv, idx = mla_inputs(T, h_q, topk, num_req, s_kv, fmt, block_size=bsz, dev=dev,
+                                pool_rows=MLA_POOL_ROWS if name.endswith("_pool") else None)
         sm = 192 ** -0.5
         flops, nbytes = mla_counts(T, h_q, topk, fmt)
         out = torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=dev)

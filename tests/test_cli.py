@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from dsa import cli
 from utils import DEVICE
@@ -156,3 +157,24 @@ def test_interleaved_us_rounds(monkeypatch):
     calls.clear()
     assert interleaved_us(fns, 2, graph=True) == {"a": [250.0] * 2, "b": [250.0] * 2}
     assert calls == [("graph", "a"), ("graph", "b")] * 2
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
+def test_mla_inputs_pool(fmt):
+    """``dsa.bench.mla_inputs(pool_rows=)`` (the ``*_pool`` bench shapes): the same query and context rows as without
+    a pool, the context's blocks at distinct places in the pool, NaN in every other row, the lists pointing at the
+    same rows there."""
+    from dsa.bench import mla_inputs
+
+    q, kv, idx = mla_inputs(5, 16, 100, 2, 256, fmt, block_size=64, seed=4, dev="cpu")
+    q2, pool, idx2 = mla_inputs(5, 16, 100, 2, 256, fmt, block_size=64, seed=4, dev="cpu", pool_rows=64 * 20)
+    assert torch.equal(q, q2) and pool.shape[0] == 20 and pool.shape[1:] == kv.shape[1:]
+    flat, pflat = kv.reshape(512, -1).view(torch.uint8), pool.reshape(64 * 20, -1).view(torch.uint8)
+    assert torch.equal(pflat[idx2.long()], flat[idx.long()])
+    used = torch.zeros(20, dtype=torch.bool)
+    used[idx2.long().unique() // 64] = True
+    assert int(used.sum()) <= 8 and (pflat.view(20, -1)[~used] == 0xFF).all()
+    kept = (idx2.long() // 64).unique()
+    assert len(kept) == len((idx.long() // 64).unique())  # (each block moved whole)
+    with pytest.raises(ValueError, match="pool_rows"):
+        mla_inputs(5, 16, 100, 2, 256, fmt, block_size=64, dev="cpu", pool_rows=500)

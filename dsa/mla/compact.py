@@ -126,7 +126,7 @@ def _count(ends: torch.Tensor):
     host = torch.empty(1, dtype=torch.int32, pin_memory=True)
     host.copy_(ends[-1:], non_blocking=True)
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(ends.device))
     return lambda: (done.synchronize(), int(host[0]))[1]
 
 
