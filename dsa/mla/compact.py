@@ -35,7 +35,7 @@ _BLOCK = 1024  # index-list entries per program (the remap kernel) and pages per
 _MARK_TOKENS, _MARK_BLOCK = 8, 256  # tokens per program, and entries per step, marking the pages
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "n_slots"])  # (T and S change from call to call: one variant for all)
 def _mark_pages_kernel(idx_ptr, len_ptr, flag_ptr, T, topk, stride_t, n_slots, HAS_LEN: tl.constexpr,
                        SHIFT: tl.constexpr, STRIDE: tl.constexpr, TOKENS: tl.constexpr, BLOCK: tl.constexpr):
     # (each program walks the lists of TOKENS tokens, BLOCK entries at a time, and an entry stores its page's flag
@@ -57,7 +57,7 @@ def _mark_pages_kernel(idx_ptr, len_ptr, flag_ptr, T, topk, stride_t, n_slots, H
             tl.store(at, tl.full([BLOCK], 1, tl.int32), mask=ok & (seen == 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pages"])
 def _list_pages_kernel(flag_ptr, end_ptr, list_ptr, n_pages, STRIDE: tl.constexpr, BLOCK: tl.constexpr):
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = p < n_pages
@@ -66,7 +66,7 @@ def _list_pages_kernel(flag_ptr, end_ptr, list_ptr, n_pages, STRIDE: tl.constexp
     tl.store(list_ptr + end - 1, p, mask=marked)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _remap_kernel(idx_ptr, len_ptr, end_ptr, out_ptr, topk, stride_t, stride_out, n_slots,
                   HAS_LEN: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
