@@ -559,12 +559,12 @@ def _dequant_first(q, kv, indices) -> str | None:
     reads that number back to the host); ``None``: no copy."""
     T, h_q, _ = q.shape
     topk, S = indices.shape[1], kv.shape[0]
-    if DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q)) is None or kernel_sm90 is None or not kernel_sm90.supported(
-            q, kv, 64):
+    # (the shapes first: decode calls, the most frequent, stop at the token count)
+    if not dequant_first_pays(T, h_q, topk, 1) or kernel_sm90 is None or not kernel_sm90.supported(q, kv, 64):
         return None
     if dequant_first_pays(T, h_q, topk, S):
         return "whole"
-    if (block_h_for(h_q) >= 64 and T * h_q >= DEQUANT_FIRST_PAGES_MIN_WORK and dequant_first_pays(T, h_q, topk, 1)
+    if (block_h_for(h_q) >= 64 and T * h_q >= DEQUANT_FIRST_PAGES_MIN_WORK
             and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
         return "pages"
     return None
