@@ -15,12 +15,11 @@ import os
 import sys
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as mla_kernel  # noqa: E402
 from dsa import dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
-from dsa.bench import mla_counts, mla_inputs  # noqa: E402
+from dsa.bench import interleaved_us, mla_counts, mla_inputs  # noqa: E402
 
 T, TOPK, S_KV = 4096, 2048, 131072
 
@@ -41,22 +40,11 @@ def main():
                "dequantise alone": lambda: dequantize_fp8_ds_mla(kv, out=kv16),
                "dispatched": lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton")}
         chosen = "dequantise + bf16" if mla_kernel.dequant_first_pays(T, h, TOPK, S_KV) else "fp8 cache"
-        res = {}
-        for n in ("fp8 cache", "dequantise + bf16", "dispatched"):
-            out.fill_(float("nan"))
-            r = fns[n]()
-            torch.cuda.synchronize()
-            res[n] = (out.clone(), r[1].clone(), r[2].clone())
-        same = all(torch.equal(a, b) for a, b in zip(res["dispatched"], res[chosen]))
-        diff = [(a.float() - b.float()).abs().max().item() for a, b in zip(res["fp8 cache"], res["dequantise + bf16"])]
-        nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
-        times = {n: [] for n in fns}
-        for _ in range(rounds):
-            for n, fn in fns.items():
-                times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
+        same, diff, nan = compare(fns, out, chosen, "fp8 cache", "dequantise + bf16")
+        times = interleaved_us(fns, rounds, graph=False, return_mode="median")
         rows.append((h, diff, nan, times, chosen, same))
         print(h, diff, nan, chosen, same, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
-        q = kv = kv16 = idx = out = res = None
+        q = kv = kv16 = idx = out = None
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of {S_KV}; do_bench medians of {rounds} "
           "interleaved rounds, µs; TFLOP/s of the whole way")
@@ -70,6 +58,21 @@ def main():
               f" {(b / a - 1) * 100:+6.1f}%  {med['dequantise alone']:16.1f}  {med['dispatched']:10.1f}"
               f"  {'/'.join(f'{d:.2g}' for d in diff)}  dispatched = {'copy' if chosen != 'fp8 cache' else 'fp8'}"
               f"{' (bitwise)' if same else ' NOT EQUAL!'}{'  NaN!' if nan else ''}")
+
+
+def compare(fns, out, chosen, a, b):
+    """Run ways ``a``, ``b`` and ``"dispatched"`` of ``fns`` once each into ``out`` (poisoned with NaN first):
+    whether the dispatched results are bitwise those of the way ``chosen``, the largest differences of ``a`` and
+    ``b`` (out, max_logits, lse), and whether any result holds NaN."""
+    res = {}
+    for n in (a, b, "dispatched"):
+        out.fill_(float("nan"))
+        r = fns[n]()
+        torch.cuda.synchronize()
+        res[n] = (out.clone(), r[1].clone(), r[2].clone())
+    same = all(torch.equal(x, y) for x, y in zip(res["dispatched"], res[chosen]))
+    diff = [(x.float() - y.float()).abs().max().item() for x, y in zip(res[a], res[b])]
+    return same, diff, any(torch.isnan(x).any().item() for v in res.values() for x in v)
 
 
 def fp8_kernels(call):

@@ -17,15 +17,14 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as mla_kernel  # noqa: E402
 from dsa import sparse_mla  # noqa: E402
-from dsa.bench import MLA_POOL_ROWS, mla_counts, mla_inputs  # noqa: E402
+from dsa.bench import MLA_POOL_ROWS, interleaved_us, mla_counts, mla_inputs  # noqa: E402
 from dsa.mla.compact import PAGE_ROWS, compact, mark_pages  # noqa: E402
 
-from ab_mla_prefill_dequant import fp8_kernels  # noqa: E402  (benchmarks/ is the script's folder)
+from ab_mla_prefill_dequant import compare, fp8_kernels  # noqa: E402  (benchmarks/ is the script's folder)
 
 TOPK = 2048
 
@@ -66,24 +65,12 @@ def main():
                    "marking alone": lambda: mark_pages(idx, None, pool.shape[0]),
                    "bf16 on copy": lambda: sparse_mla(q, copy, lists, sm, out=out, backend="triton"),
                    "dispatched": lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")}
-            res = {}
-            for n in ("fp8 cache", "bf16 on copy", "dispatched"):
-                out.fill_(float("nan"))
-                r = fns[n]()
-                torch.cuda.synchronize()
-                res[n] = (out.clone(), r[1].clone(), r[2].clone())
-            same = all(torch.equal(x, y) for x, y in zip(res["dispatched"], res["bf16 on copy" if chosen
-                                                                                 else "fp8 cache"]))
-            diff = [(x.float() - y.float()).abs().max().item() for x, y in zip(res["fp8 cache"], res["bf16 on copy"])]
-            nan = any(torch.isnan(x).any().item() for v in res.values() for x in v)
-            times = {n: [] for n in fns}
-            for _ in range(a.rounds):
-                for n, fn in fns.items():
-                    times[n].append(do_bench(fn, warmup=20, rep=200, return_mode="median") * 1e3)
+            same, diff, nan = compare(fns, out, "bf16 on copy" if chosen else "fp8 cache", "fp8 cache", "bf16 on copy")
+            times = interleaved_us(fns, a.rounds, graph=False, return_mode="median")
             times["host, bf16 call"] = [host_us(fns["bf16 on copy"])]
             rows.append((ctx, h, diff, nan, times, chosen, same))
             print(ctx, h, diff, nan, chosen, same, {n: [round(t, 1) for t in v] for n, v in times.items()}, flush=True)
-            q = kv = pool = idx = out = copy = lists = res = None
+            q = kv = pool = idx = out = copy = lists = None
             torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}; {T} tokens, topk {TOPK} of a context of C rows in pages of "
           f"{PAGE_ROWS} spread over a pool of {a.pool} rows; do_bench medians of {a.rounds} interleaved rounds, µs")

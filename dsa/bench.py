@@ -66,16 +66,18 @@ def decode_ms(fn, device, label: str, log=print, rep: int = 200, warmup: int = 2
     return min(ms, ms_graph)
 
 
-def interleaved_us(fns: dict, rounds: int, graph: bool) -> dict:
+def interleaved_us(fns: dict, rounds: int, graph: bool, return_mode: str = "mean") -> dict:
     """A/B timings (GPU): ``rounds`` rounds, each timing every ``fns[name]()`` once in turn, so that the clock and
     the board's power state drift alike for all; microseconds per round, by name. ``graph``: CUDA-graph replay
-    (``do_bench_cudagraph``, decode), else ``do_bench`` (many-token calls)."""
+    (``do_bench_cudagraph``, decode), else ``do_bench`` (many-token calls); ``return_mode`` theirs (the mean of
+    each round's repetitions unless asked: the what-if and order scripts' numbers in BENCHMARKS.md are means)."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(1e3 * (do_bench_cudagraph(fn, rep=100) if graph else do_bench(fn, rep=200)))
+            times[name].append(1e3 * (do_bench_cudagraph(fn, rep=100, return_mode=return_mode) if graph
+                                      else do_bench(fn, rep=200, return_mode=return_mode)))
     return times
 
 

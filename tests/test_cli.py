@@ -149,14 +149,16 @@ def test_interleaved_us_rounds(monkeypatch):
     from dsa.bench import interleaved_us
 
     calls = []
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, rep: (calls.append(("eager", fn())), 0.5)[1])
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep: (calls.append(("graph", fn())), 0.25)[1])
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, rep, return_mode: (calls.append(("eager", fn(), return_mode)), 0.5)[1])
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
+                        lambda fn, rep, return_mode: (calls.append(("graph", fn(), return_mode)), 0.25)[1])
     fns = {"a": lambda: "a", "b": lambda: "b"}
     assert interleaved_us(fns, 3, graph=False) == {"a": [500.0] * 3, "b": [500.0] * 3}
-    assert calls == [("eager", "a"), ("eager", "b")] * 3
+    assert calls == [("eager", "a", "mean"), ("eager", "b", "mean")] * 3
     calls.clear()
-    assert interleaved_us(fns, 2, graph=True) == {"a": [250.0] * 2, "b": [250.0] * 2}
-    assert calls == [("graph", "a"), ("graph", "b")] * 2
+    assert interleaved_us(fns, 2, graph=True, return_mode="median") == {"a": [250.0] * 2, "b": [250.0] * 2}
+    assert calls == [("graph", "a", "median"), ("graph", "b", "median")] * 2
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla"])
