@@ -331,12 +331,20 @@ def paged_case(T, h_q, topk, S, pages, seed, *, block_size=None, with_len=True):
 
 
 @pytest.mark.parametrize("with_len", [False, True])
-def test_compact(with_len):
+def test_compact(with_len, monkeypatch):
     """:func:`dsa.mla.compact.compact`: the bf16 copy of the pages a call reads (among them the cache's last page, cut
     short) and the lists remapped onto it, bitwise the reference's (the copy's NaN rows included); every valid entry
-    names its own slot's dequantised row in the copy, every other entry -1; no valid entry at all: an empty copy."""
+    names its own slot's dequantised row in the copy, every other entry -1; no valid entry at all: an empty copy.
+    Every tensor the call allocates starts poisoned (7.0 / -12345: not NaN, which the copy holds legitimately), so
+    each element compared was written."""
     from dsa.mla.compact import PAGE_ROWS, compact, compact_ref
 
+    empty = torch.empty
+    def poisoned(*a, **k):
+        t = empty(*a, **k)
+        return t.fill_(7.0 if t.dtype.is_floating_point else 0xA5 if t.dtype == torch.uint8 else -12345)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
     S = 40 * PAGE_ROWS + 17
     pages = [3, 4, 17, 38, 40]
     q, kv, idx, tl_, _ = paged_case(6, 16, 300, S, pages, seed=11, with_len=with_len)
