@@ -38,7 +38,7 @@ def main():
         def timed(cfg):
             grid = (T, triton.cdiv(h, cfg["BLOCK_H"]), triton.cdiv(D, cfg["DC"]))
             fn = lambda: _sparse_mla_combine_kernel[grid](  # noqa: E731
-                o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, T, h, ns, D=D,
+                o_part, lse_part, ml_part, lse, out, out.stride(0), out.stride(1), ml, lse, lse, T, h, ns, D=D,
                 HAS_SINK=False, **cfg)
             fn()
             return do_bench_cudagraph(fn, rep=10, return_mode="median") * 1e3

@@ -315,7 +315,7 @@ def merge_partials(o_part, lse_part, ml_part, attn_sink=None):
     mc = combine_config(T, h_q, ns, 512)
     _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, mc["BLOCK_H"]), triton.cdiv(512, mc["DC"]))](
         o_part, lse_part, ml_part, lse if attn_sink is None else attn_sink, out, out.stride(0), out.stride(1), ml, lse,
-        T, h_q, ns, D=512, HAS_SINK=attn_sink is not None, **mc)
+        lse, T, h_q, ns, D=512, HAS_SINK=attn_sink is not None, **mc)
     return out, ml, lse
 
 

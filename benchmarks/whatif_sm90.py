@@ -152,10 +152,10 @@ def compile_sm90(mod, fp8: bool, bh: int):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=False, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=0, ALT=mod.alternate_tiles(prod, bh, 2048), LAZY=bh in mod.LAZY_MAX, PERSIST=False,
-                  COLS2=prod["cols2"], COLS2_REGS=mod.COLS2_REGS[fp8])
+                  COLS2=prod["cols2"], COLS2_REGS=mod.COLS2_REGS[fp8], SKIP=-1)
     ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
                 idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", ml_ptr="*fp32", lse_ptr="*fp32",
-                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
+                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32", skip_ptr="*i32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in ptrs}

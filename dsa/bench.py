@@ -461,9 +461,10 @@ MLA_SHAPES = {
     # prefill over the fp8_ds_mla cache (no goal of its own; 32+ heads run on a bf16 copy: dequant_first_pays)
     "prefill_fp8_h128": (4096, 128, 2048, 1, 131072, "fp8_ds_mla"),
     "prefill_fp8_h32": (4096, 32, 2048, 1, 131072, "fp8_ds_mla"),
-    # the same context in an engine's pool of MLA_POOL_ROWS rows (64+ heads: a bf16 copy of the pages read)
+    # the same context in an engine's pool of MLA_POOL_ROWS rows (a bf16 copy of the pages read)
     "prefill_fp8_h128_pool": (4096, 128, 2048, 1, 131072, "fp8_ds_mla"),
     "prefill_fp8_h64_pool": (4096, 64, 2048, 1, 131072, "fp8_ds_mla"),
+    "prefill_fp8_h32_pool": (4096, 32, 2048, 1, 131072, "fp8_ds_mla"),
 }
 #: the pool of the ``*_pool`` shapes (:func:`mla_inputs`' ``pool_rows``): 2M rows, 1.3 GB of fp8_ds_mla
 MLA_POOL_ROWS = 1 << 21

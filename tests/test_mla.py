@@ -245,7 +245,7 @@ def test_combine_kernel(T, h_q, ns, form):
     cfg = combine_config(T, h_q, ns)
     assert (cfg["BLOCK_H"], cfg["SB"] == cfg["NS_PAD"]) == form, cfg  # (heads per program, one pass)
     _sparse_mla_combine_kernel[(T, triton.cdiv(h_q, cfg["BLOCK_H"]), 1)](
-        o_part, lse_part, ml_part, sink, out, out.stride(0), out.stride(1), ml, lse, T, h_q, ns, D=D_V,
+        o_part, lse_part, ml_part, sink, out, out.stride(0), out.stride(1), ml, lse, lse, T, h_q, ns, D=D_V,
         HAS_SINK=True, **cfg)
     m = lse_part.max(0).values
     empty = m == -math.inf
@@ -333,10 +333,12 @@ def paged_case(T, h_q, topk, S, pages, seed, *, block_size=None, with_len=True):
 @pytest.mark.parametrize("with_len", [False, True])
 def test_compact(with_len, monkeypatch):
     """:func:`dsa.mla.compact.compact`: the bf16 copy of the pages a call reads (among them the cache's last page, cut
-    short) and the lists remapped onto it, bitwise the reference's (the copy's NaN rows included); every valid entry
-    names its own slot's dequantised row in the copy, every other entry -1; no valid entry at all: an empty copy.
-    Every tensor the call allocates starts poisoned (7.0 / -12345: not NaN, which the copy holds legitimately), so
-    each element compared was written."""
+    short) and the lists remapped onto it, bitwise the reference's (the copy's NaN rows included), with the flag that
+    says whether it is taken: where the pages fit the bound on its rows, the copy's first rows hold them and the rest
+    stay unwritten; where they do not (or there is no valid entry at all), the copy stays unwritten. Every valid
+    entry names its own slot's dequantised row in the copy, every other entry -1. Every tensor the call allocates
+    starts poisoned (7.0 / -12345: not NaN, which the copy holds legitimately), so each element compared was written,
+    and each left alone was not."""
     from dsa.mla.compact import PAGE_ROWS, compact, compact_ref
 
     empty = torch.empty
@@ -349,18 +351,50 @@ def test_compact(with_len, monkeypatch):
     pages = [3, 4, 17, 38, 40]
     q, kv, idx, tl_, _ = paged_case(6, 16, 300, S, pages, seed=11, with_len=with_len)
     kv = ref_mod.flat_kv(kv)
-    copy, new = compact(kv, idx, tl_)
     want_copy, want_new = compact_ref(kv, idx, tl_)
-    assert copy.shape == (len(pages) * PAGE_ROWS, D_QK) and new.shape == idx.shape and new.dtype == torch.int32
-    assert torch.equal(copy.view(torch.int16), want_copy.view(torch.int16)) and torch.equal(new, want_new)
+    rows = len(pages) * PAGE_ROWS
     valid = ref_mod.valid_mask(idx.long(), S, tl_)
-    assert (new[~valid] == -1).all() and (new[valid] >= 0).all()
-    assert torch.equal(copy[new[valid].long()].view(torch.int16),
-                       dequantize_fp8_ds_mla(kv[idx[valid].long()]).view(torch.int16))
-    assert (copy[len(pages) * PAGE_ROWS - PAGE_ROWS + 17:] == 0).all()  # (past the cache's end)
+    for max_rows, size, taken in ((rows, rows, 1), (rows + 2 * PAGE_ROWS + 5, rows + 2 * PAGE_ROWS, 1),
+                                  (rows - 1, rows - PAGE_ROWS, 0), (10 ** 9, 41 * PAGE_ROWS, 1), (0, 0, 0)):
+        copy, new, flag = compact(kv, idx, tl_, max_rows)
+        assert copy.shape == (size, D_QK) and new.shape == idx.shape and new.dtype == torch.int32, max_rows
+        assert flag.dtype == torch.int32 and flag.tolist() == [taken], max_rows
+        assert torch.equal(new, want_new)
+        if taken:
+            assert torch.equal(copy[:rows].view(torch.int16), want_copy.view(torch.int16))
+            assert (new[~valid] == -1).all() and (new[valid] >= 0).all()
+            assert torch.equal(copy[new[valid].long()].view(torch.int16),
+                               dequantize_fp8_ds_mla(kv[idx[valid].long()]).view(torch.int16))
+            assert (copy[rows - PAGE_ROWS + 17:rows] == 0).all()  # (past the cache's end)
+        assert (copy[rows if taken else 0:] == 7.0).all(), max_rows  # (unwritten)
     none = torch.where(idx >= 0, idx + S, idx)
-    copy, new = compact(kv, none, tl_)
-    assert copy.shape == (0, D_QK) and (new == -1).all()
+    copy, new, flag = compact(kv, none, tl_, rows)
+    assert copy.shape == (rows, D_QK) and (new == -1).all() and flag.tolist() == [0] and (copy == 7.0).all()
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("h_q,T,splits,order", [(64, 3, None, False), (64, 5, 1, True), (64, 4, 3, False),
+                                                (32, 5, 1, True), (32, 4, 3, False), (128, 5, 1, True)])
+def test_skip_flag(kv_format, h_q, T, splits, order):
+    """``sparse_mla_triton``'s ``skip = (flag, value)``: where the device flag holds ``value`` no kernel of the call
+    writes anything (the results stay as poisoned), else the call is bitwise the plain one, with grouped lists, one
+    split or several (the merge kernel) and, on Hopper, each kernel form chosen there (16/32-head groups, 64-head
+    groups, the persistent ping-pong of 128 heads over bf16)."""
+    q, kv, idx, sm, sink, tl_ = make_case(T, h_q, 200, 300, kv_format, seed=T + h_q, empty_rows=(1,), with_len=True,
+                                          with_sink=True)
+    flat = ref_mod.flat_kv(kv)
+    plain = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, num_splits=splits, order=order)
+    for flag, value in ((1, 1), (0, 0), (0, 1), (1, 0)):
+        res = tuple(poison_(x) for x in (torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=DEVICE),
+                                         torch.empty(T, h_q, device=DEVICE), torch.empty(T, h_q, device=DEVICE)))
+        before = [x.clone() for x in res]
+        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, num_splits=splits, order=order,
+                                skip=(torch.tensor([flag], dtype=torch.int32, device=DEVICE), value), results=res)
+        assert all(a is b for a, b in zip(got, res))
+        for a, b, name in zip(got, before if flag == value else plain, ("out", "max_logits", "lse")):
+            assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
+                               b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32)), \
+                (flag, value, name)
 
 
 @pytest.mark.parametrize("way,h_q", [("whole", 32), ("whole", 48), ("pages", 32), ("pages", 64)])
@@ -368,8 +402,10 @@ def test_dequant_first(way, h_q, monkeypatch):
     """A call over the fp8_ds_mla cache that runs on a bf16 copy (:func:`dsa.mla.kernel.dequant_first_pays`, forced
     here) through the public ``sparse_mla`` on a paged cache: of the whole cache (one dequantising pass, NaN rows in
     its unused slots included), bitwise the bf16 call on the reference dequantiser's copy; or of the pages the call
-    reads (:mod:`dsa.mla.compact`), bitwise the bf16 call on the reference's compacted copy and lists. Both against the
-    reference: invalid entries, an empty row, topk_length, a sink, a poisoned ``out``."""
+    reads (:mod:`dsa.mla.compact`, the copy sized by the rule's bound), bitwise the bf16 call on the reference's
+    compacted copy and lists. Both against the reference: invalid entries, an empty row, topk_length, a sink, a
+    poisoned ``out``. Then the pages' way again with the copy's values doubled after the read, so that the call over
+    the copy and the one over the cache differ: its results are the copy's."""
     import dsa.mla.kernel as K
     import dsa.mla_cache.kernel as C
     from dsa.mla.compact import PAGE_ROWS, compact_ref
@@ -385,39 +421,54 @@ def test_dequant_first(way, h_q, monkeypatch):
     monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: way if kv.shape == (S, FP8_DS_MLA_ROW_BYTES)
                         else None)
     monkeypatch.setattr(K, "dequant_first_pays", lambda *a: True)
-    reads = []
+    monkeypatch.setattr(K, "dequant_first_max_rows", lambda *a: 5 * PAGE_ROWS + 3)
+    reads, scale = [], [1]
     read = C.fp8_ds_mla_read
-    monkeypatch.setattr(C, "fp8_ds_mla_read", lambda rows, out, **kw: (reads.append(out.shape[0]),
-                                                                       read(rows, out, **kw))[1])
+
+    def counted_read(rows, out, **kw):
+        reads.append(out.shape[0])
+        read(rows, out, **kw)
+        out.mul_(scale[0])
+
+    monkeypatch.setattr(C, "fp8_ds_mla_read", counted_read)
     out = poison_(torch.empty(T, h_q, D_V, dtype=torch.bfloat16, device=q.device))
     got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out, backend="triton")
     if way == "whole":
         copy, lists = dequantize_fp8_ds_mla(ref_mod.flat_kv(kv)), idx  # (the reference dequantiser, NaN rows and all)
     else:
         copy, lists = compact_ref(ref_mod.flat_kv(kv), idx, tl_)
-    assert got[0] is out and reads == [copy.shape[0]] and copy.shape[0] == (S if way == "whole" else 3 * PAGE_ROWS)
+        assert copy.shape[0] == 3 * PAGE_ROWS
+    assert got[0] is out and reads == [S if way == "whole" else 5 * PAGE_ROWS]
     same = sparse_mla_triton(q, copy, lists, sm, D_V, sink, tl_)
     for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
         assert torch.equal(a, b), name
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S),
                    f"h_q={h_q}")
     assert (got[0][1] == 0).all() and (got[2][1] == math.inf).all()
+    if way == "pages":
+        scale[0] = 2
+        got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, backend="triton")
+        same = sparse_mla_triton(q, copy * 2, lists, sm, D_V, sink, tl_)
+        for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
+            assert torch.equal(a, b), name
 
 
 def test_dequant_first_pages_declined(monkeypatch):
-    """Where the pages a call reads make too big (or too small) a copy (``dequant_first_pays`` says no once their
-    count is known), the call runs on the fp8 kernels as if no copy had been tried: bitwise the same results."""
+    """Where the pages a call reads make too big a copy for the rule's bound (known on the device only), the call runs
+    on the fp8 kernels as if no copy had been tried: bitwise the same results, with the copy's values (unread)
+    doubled to tell the ways apart."""
     import dsa.mla.kernel as K
+    import dsa.mla_cache.kernel as C
     from dsa.mla.compact import PAGE_ROWS
 
     S = 9 * PAGE_ROWS + 5
-    q, kv, idx, tl_, sink = paged_case(3, 32, 100, S, [0, 9], seed=3)
+    q, kv, idx, tl_, sink = paged_case(3, 64, 100, S, [0, 9], seed=3)
     plain = sparse_mla(q, kv, idx, 0.1, attn_sink=sink, topk_length=tl_, backend="triton")
-    asked = []
+    read = C.fp8_ds_mla_read
+    monkeypatch.setattr(C, "fp8_ds_mla_read", lambda rows, out, **kw: (read(rows, out, **kw), out.mul_(2)))
     monkeypatch.setattr(K, "_dequant_first", lambda q, kv, indices: "pages")
-    monkeypatch.setattr(K, "dequant_first_pays", lambda T, h, topk, rows: asked.append(rows) and False)
+    monkeypatch.setattr(K, "dequant_first_max_rows", lambda *a: 2 * PAGE_ROWS - 1)
     got = sparse_mla(q, kv, idx, 0.1, attn_sink=sink, topk_length=tl_, backend="triton")
-    assert asked == [2 * PAGE_ROWS]
     for a, b, name in zip(got, plain, ("out", "max_logits", "lse")):
         assert torch.equal(a, b), name
 
@@ -425,8 +476,8 @@ def test_dequant_first_pages_declined(monkeypatch):
 def test_dequant_first_rule():
     """Which calls over the fp8_ds_mla cache run on a bf16 copy of ``rows`` of its rows (on sm_90): more than 16 heads,
     at least ``ORDER_MIN_T`` tokens, at least ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per copied row (more at 32 heads
-    or fewer), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured."""
-    from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_pays
+    or fewer), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured; the bound on the rows is the rule's."""
+    from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_max_rows, dequant_first_pays
 
     measured = (4096, 2048, 131072)  # T, topk, rows (BENCHMARKS.md, fifty-third and fifty-fourth sessions)
     assert [h for h in range(8, 129, 8) if dequant_first_pays(measured[0], h, *measured[1:])] == list(range(24, 129, 8))
@@ -437,14 +488,19 @@ def test_dequant_first_rule():
     assert not dequant_first_pays(4096, 128, 2048, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2) + 1)  # too big a copy
     assert not dequant_first_pays(ORDER_MIN_T - 1, 128, 2048, 1024)  # decode batches
     assert not dequant_first_pays(4096, 128, 2048, 0)
+    for T, h_q, topk in ((4096, 128, 2048), (4096, 32, 2048), (1024, 64, 2048), (600, 64, 100), (4096, 16, 2048),
+                         (ORDER_MIN_T - 1, 128, 2048)):
+        m = dequant_first_max_rows(T, h_q, topk)
+        assert m == 0 or (dequant_first_pays(T, h_q, topk, m) and not dequant_first_pays(T, h_q, topk, m + 1))
+        assert (m == 0) == (not dequant_first_pays(T, h_q, topk, 1))
+    assert dequant_first_max_rows(4096, 128, 2048) == DEQUANT_FIRST_MAX_BYTES // (D_QK * 2)
 
 
-@pytest.mark.parametrize("capturing", [False, True])
-def test_dequant_first_ways(capturing, monkeypatch):
+def test_dequant_first_ways(monkeypatch):
     """Which copy a call over the fp8_ds_mla cache takes where the Hopper kernels serve it: the whole cache where
-    :func:`dequant_first_pays` accepts its size; else the pages the call reads, tried for 64-head groups with at least
-    ``DEQUANT_FIRST_PAGES_MIN_WORK`` tokens x heads where no CUDA graph is being captured (the page count is read back
-    to the host); else none."""
+    :func:`dequant_first_pays` accepts its size; else the pages the call reads, tried with at least
+    ``DEQUANT_FIRST_PAGES_MIN_WORK`` tokens x heads (more than 16 heads), not where the heads are sliced, and while a
+    CUDA graph is being captured too (nothing is read back to the host); else none."""
     import dsa.mla.kernel as K
     from dsa.mla.kernel import ORDER_MIN_T
 
@@ -452,20 +508,19 @@ def test_dequant_first_ways(capturing, monkeypatch):
         supported = staticmethod(lambda q, kv, block_h: True)
 
     monkeypatch.setattr(K, "kernel_sm90", Hopper)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
 
     def way(T, h_q, S, topk=2048):
         return K._dequant_first(torch.empty(T, h_q, 0), torch.empty(S, 0), torch.empty(T, topk))
 
     pool = 1 << 21  # (2M rows: a copy of 2.3 GB)
     assert way(4096, 32, 131072) == "whole" and way(4096, 128, 400000) == "whole" and way(1024, 64, 16384) == "whole"
-    pages = None if capturing else "pages"
-    assert way(4096, 128, pool) == way(2048, 64, pool) == way(1024, 128, pool) == way(2048, 64, 400000) == pages
-    assert way(2048, 72, pool) == way(4096, 40, pool) == pages
+    assert way(4096, 128, pool) == way(2048, 64, pool) == way(1024, 128, pool) == way(2048, 64, 400000) == "pages"
+    assert way(2048, 112, pool) == way(4096, 40, pool) == "pages"
+    assert way(2048, 72, pool) is None and way(4096, 96, pool) is None  # (sliced heads: 64 + the rest)
     assert way(4096, 16, pool) is None and way(4096, 16, 131072) is None  # (16 heads: never)
-    assert way(8192, 32, pool) is None and way(4096, 32, 262144) is None  # (32 heads: only a whole copy)
+    assert way(8192, 32, pool) == way(4096, 32, 262144) == way(6144, 24, 262144) == "pages"
     assert way(2047, 64, pool) is None and way(1023, 128, pool) is None  # (too little work for the pages' cost)
+    assert way(4095, 32, pool) is None
     assert way(ORDER_MIN_T - 1, 128, pool) is None
 
 
@@ -818,6 +873,54 @@ def test_gpu_large(kv_format, shape):
     for ns in (1, 4):
         got = sparse_mla_triton(q, ref_mod.flat_kv(kv), idx, sm, D_V, sink, tl_, None, num_splits=ns)
         assert_matches(got, want, max_abs_v(kv, idx, S), f"{shape} {kv_format} ns={ns}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_pages", [100, 400])
+def test_gpu_dequant_first_pages_graph(n_pages):
+    """The pages' way at a prefill shape, as the rule dispatches it (no patching): 1024 tokens x 128 heads over a cache
+    too large to copy whole, reading 100 pages (taken: bitwise the bf16 call on the reference's copy) or 400 (over the
+    bound of 16384 rows: bitwise the fp8 kernels); then captured in a CUDA graph (nothing is read back to the host)
+    and replayed on new queries, bitwise the eager call on them."""
+    import dsa.mla.kernel as K
+    from dsa.mla.compact import PAGE_ROWS, compact_ref
+
+    skip_unless_hopper()  # (the rule serves the Hopper kernels)
+    T, h_q, topk, S = 1024, 128, 256, 40000
+    pages = torch.randperm(S // PAGE_ROWS, generator=gen(n_pages))[:n_pages].tolist()
+    q, kv, idx, tl_, sink = paged_case(T, h_q, topk, S, pages, seed=n_pages, block_size=64)
+    flat = ref_mod.flat_kv(kv)
+    assert K.dequant_first_max_rows(T, h_q, topk) == 16384 and K._dequant_first(q, flat, idx) == "pages"
+    sm = 192 ** -0.5
+    got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    if n_pages * PAGE_ROWS <= 16384:
+        copy, lists = compact_ref(flat, idx, tl_)
+        same = sparse_mla_triton(q, copy, lists, sm, D_V, sink, tl_)
+    else:
+        keep = K._dequant_first
+        K._dequant_first = lambda *a: None
+        try:
+            same = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_)
+        finally:
+            K._dequant_first = keep
+    for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
+        assert torch.equal(a, b), name
+    assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, S))
+    q_in = q.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sparse_mla(q_in, kv, idx, sm, attn_sink=sink, topk_length=tl_)  # (warm-up on the capture stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = sparse_mla(q_in, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    q2 = (torch.randn(q.shape, generator=gen(n_pages + 1)) * 2).to(torch.bfloat16).to(q.device)
+    q_in.copy_(q2)
+    graph.replay()
+    want = sparse_mla(q2, kv, idx, sm, attn_sink=sink, topk_length=tl_)
+    for a, b, name in zip(res, want, ("out", "max_logits", "lse")):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu
@@ -1371,7 +1474,7 @@ def build(consts, num_warps):
     fp8 = consts["IS_FP8"]
     ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
                 idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*fp32", ml_ptr="*fp32", lse_ptr="*fp32",
-                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32")
+                fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32", skip_ptr="*i32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale_log2" else "i32")
            for n in fn.arg_names}
     assert all(sig[p.name] == "constexpr" for p in fn.params if p.is_constexpr), "a constexpr is missing here"
@@ -1392,7 +1495,7 @@ for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # fp8: alternate tiles
-                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
+                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], SKIP=-1)
     k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
@@ -1470,7 +1573,7 @@ for name, (fp8, bh, pp, persist, nw, cols2) in VARIANTS.items():
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
                   LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist, COLS2=cols2,
-                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8])
+                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], SKIP=-1)
     out[name] = G.sass_lines(build(consts, nw))
 """
 

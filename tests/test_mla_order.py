@@ -47,6 +47,20 @@ def test_order_kernel_matches_reference(T, topk, S, with_len, buckets):
     assert torch.equal(idx, before)
 
 
+def test_order_kernel_skip():
+    """``skip = (flag, value)``: where the device flag holds ``value`` the kernel writes nothing (the output stays
+    poisoned), else the plain grouping bit for bit."""
+    T, topk, S = 4, 300, 5000
+    idx, ln = _lists(T, topk, S, seed=9, with_len=True)
+    want = order_indices_ref(idx, S, ln, 4)
+    for flag, value in ((1, 1), (0, 0), (0, 1), (1, 0)):
+        out = poison_(torch.empty(T, topk, dtype=torch.int32, device=DEVICE))
+        before = out.clone()
+        skip = (torch.tensor([flag], dtype=torch.int32, device=DEVICE), value)
+        assert order_indices(idx, S, ln, 4, out=out, skip=skip) is out
+        assert torch.equal(out, before if flag == value else want), (flag, value)
+
+
 @pytest.mark.parametrize("wave,groups", [(1, 1), (2, 1), (3, 2), (4, 3)])
 def test_order_kernel_serpentine_matches_reference(wave, groups):
     """The serpentine order (``wave``: rows whose first program falls in an odd wave take their ranges from the top

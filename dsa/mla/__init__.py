@@ -55,7 +55,7 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         A (t, h) with no valid entry gives ``out = 0``, ``lse = +inf``, ``max_logits = -inf``
         (FlashMLA's convention). fp8 rows are dequantised to bf16 before the products.
 
-    No host–device synchronisation (except for the copy of an engine's pool, below); CUDA-graph safe for fixed
+    No host–device synchronisation; CUDA-graph safe for fixed
     shapes (the split-K path allocates its fp32 partials with ``torch.empty``). The work split is chosen inside, and
     so is whether the index lists are first grouped by slot range into a ``[T, topk]`` int32 copy (many tokens over
     a large cache, for L2 locality; :mod:`dsa.mla.order`): the result is the same up to the order of the fp32 sums. So is how the heads
@@ -65,10 +65,11 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
     than 16 heads over a fp8_ds_mla cache of at most 466K rows (with enough entries per cache row) first dequantises
     the whole cache into a bf16 copy (``torch.empty``, at most 512 MiB) and runs on that: the same bf16 values, so
     the result differs only in the order of the fp32 sums (:func:`dsa.mla.kernel.dequant_first_pays`; BENCHMARKS.md,
-    fifty-third and fifty-fourth sessions). Over a larger cache (an engine's pool), such a call with more than 32
-    heads (and at least 131072 tokens x heads) copies only the pages its index lists read, with the lists remapped
-    onto the copy (:mod:`dsa.mla.compact`): this one path reads a count back to the host (a synchronisation), never
-    while a CUDA graph is being captured.
+    fifty-third to fifty-fifth sessions). Over a larger cache (an engine's pool), such a call with at least 131072
+    tokens x heads copies only the pages its index lists read, with the lists remapped onto the copy
+    (:mod:`dsa.mla.compact`), into a copy allocated at the rule's bound (``torch.empty``, at most 512 MiB); the
+    pages' count stays on the device, where a flag picks the kernels over the copy or those over the cache (both are
+    queued; the other returns at once).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     T, h_q, d_qk = q.shape

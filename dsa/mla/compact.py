@@ -6,15 +6,19 @@ millions of rows, while one prefill reads the few pages of its own requests' con
 
 1. :func:`mark_pages`: one pass over the index lists marks every page of :data:`PAGE_ROWS` rows that holds a valid
    entry (``0 <= idx < S`` and ``j < topk_length[t]``);
-2. the marked pages get consecutive places in the copy (a prefix sum) and are listed in order;
+2. the marked pages get consecutive places in the copy (a prefix sum) and are listed in order; their number stays
+   on the device, where a flag says whether the copy is taken: at least one page, and no more than the caller's
+   bound on the copy's rows (which is its size);
 3. :func:`remap_indices`: every valid entry ``idx`` becomes ``place[idx // PAGE_ROWS] * PAGE_ROWS + idx %
    PAGE_ROWS``, every other entry ``-1``;
-4. the number of marked pages is read back to the host (the one synchronisation of this path: the copy's size
-   depends on it), and :func:`dsa.mla_cache.kernel.fp8_ds_mla_read` dequantises the listed pages into the copy.
+4. :func:`dsa.mla_cache.kernel.fp8_ds_mla_read` dequantises the listed pages into the copy where it is taken, reading
+   their number on the device.
 
-Rows of the copy past the cache's end (its last page cut short) are 0; every other row holds its slot's values as
-:func:`dsa.dequantize_fp8_ds_mla` gives them, NaN included, so the call over the copy attends over the same bf16
-values, and the rows it reads are the same. :func:`compact_ref` is the PyTorch reference of the whole.
+Nothing is read back to the host: the caller queues its kernels over the copy and over the cache, each skipping
+itself by the flag (:func:`dsa.mla.kernel.sparse_mla_triton`'s ``skip``). Rows of the copy past the cache's end (its
+last page cut short) are 0; every other row holds its slot's values as :func:`dsa.dequantize_fp8_ds_mla` gives them,
+NaN included, so the call over the copy attends over the same bf16 values, and the rows it reads are the same.
+:func:`compact_ref` is the PyTorch reference of the whole.
 """
 from __future__ import annotations
 
@@ -57,13 +61,17 @@ def _mark_pages_kernel(idx_ptr, len_ptr, flag_ptr, T, topk, stride_t, n_slots, H
             tl.store(at, tl.full([BLOCK], 1, tl.int32), mask=ok & (seen == 0))
 
 
-@triton.jit(do_not_specialize=["n_pages"])
-def _list_pages_kernel(flag_ptr, end_ptr, list_ptr, n_pages, STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n_pages", "max_pages"])
+def _list_pages_kernel(flag_ptr, end_ptr, list_ptr, taken_ptr, n_pages, max_pages, STRIDE: tl.constexpr,
+                       BLOCK: tl.constexpr):
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = p < n_pages
     marked = tl.load(flag_ptr + p.to(tl.int64) * STRIDE, mask=inb, other=0) != 0
     end = tl.load(end_ptr + p, mask=inb, other=0)
     tl.store(list_ptr + end - 1, p, mask=marked)
+    if tl.program_id(0) == 0:  # the copy is taken where it holds at least one page, and no more than max_pages
+        count = tl.load(end_ptr + n_pages - 1)
+        tl.store(taken_ptr, ((count > 0) & (count <= max_pages)).to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -115,27 +123,14 @@ def remap_indices(indices: torch.Tensor, topk_length: torch.Tensor | None, ends:
     return out
 
 
-def _count(ends: torch.Tensor):
-    """A function returning ``ends[-1]`` on the host. On a GPU it is copied now, through pinned memory, and the
-    function waits for that copy's event: the caller launches its next kernels before it calls it, so the GPU has
-    them queued while the host waits for the count."""
-    if ends.numel() == 0:
-        return lambda: 0
-    if not ends.is_cuda:
-        return lambda: int(ends[-1])
-    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
-    host.copy_(ends[-1:], non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(ends.device))
-    return lambda: (done.synchronize(), int(host[0]))[1]
-
-
-def compact(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None, accept=None):
+def compact(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None, max_rows: int):
     """The bf16 copy of the pages of ``kv`` (the flat ``[S, 656]`` uint8 view of an fp8_ds_mla cache) that
-    ``indices [T, topk]`` int32 (with ``topk_length [T]`` int32 or None) reads, and the lists remapped onto it:
-    ``(copy [PAGE_ROWS * pages, 576] bf16, indices [T, topk] int32)``, with every valid entry still valid and every
-    other ``-1`` (see the module's docstring). Reads the number of pages back to the host. ``accept(rows)``, if given,
-    is asked then whether a copy of that many rows is wanted; on ``False`` nothing is copied and ``None`` returned.
+    ``indices [T, topk]`` int32 (with ``topk_length [T]`` int32 or None) reads, and the lists remapped onto it, with
+    no synchronisation: ``(copy [R, 576] bf16, indices [T, topk] int32, taken [1] int32)``. ``R`` is ``max_rows``
+    rounded down to whole pages (at most the cache's); ``taken`` is 1 where the pages read are at least one and fit
+    ``R``: then the first ``pages * PAGE_ROWS`` rows of the copy hold them (the rest unwritten), and every valid entry
+    of the lists names its slot's row there, every other ``-1`` (see the module's docstring). Else ``taken`` is 0
+    and the copy is unwritten (the lists are remapped all the same).
     """
     from ..mla_cache.kernel import fp8_ds_mla_read
 
@@ -144,23 +139,22 @@ def compact(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor |
     indices = indices if indices.stride(1) == 1 else indices.contiguous()
     flags = mark_pages(indices, topk_length, S)
     ends = torch.cumsum(flags, 0, dtype=torch.int32).contiguous()
-    wait = _count(ends)
     n_pages = len(flags)
+    max_pages = min(max(max_rows, 0) // PAGE_ROWS, n_pages)
+    taken = torch.zeros(1, dtype=torch.int32, device=kv.device)
     listed = torch.empty(n_pages, dtype=torch.int32, device=kv.device)  # (the marked pages in order, then unused)
     if n_pages:
-        _list_pages_kernel[(cdiv(n_pages, _BLOCK),)](flags, ends, listed, n_pages, STRIDE=FLAG_STRIDE, BLOCK=_BLOCK)
+        _list_pages_kernel[(cdiv(n_pages, _BLOCK),)](flags, ends, listed, taken, n_pages, max_pages,
+                                                     STRIDE=FLAG_STRIDE, BLOCK=_BLOCK)
     lists = remap_indices(indices, topk_length, ends, S)
-    pages = wait()  # (the synchronisation)
-    rows = pages * PAGE_ROWS
-    if accept is not None and not accept(rows):
-        return None
-    copy = torch.empty(rows, D_QK, dtype=torch.bfloat16, device=kv.device)
-    fp8_ds_mla_read(kv, copy, pages=listed[:pages], page_rows=PAGE_ROWS)
-    return copy, lists
+    copy = torch.empty(max_pages * PAGE_ROWS, D_QK, dtype=torch.bfloat16, device=kv.device)
+    if max_pages:
+        fp8_ds_mla_read(kv, copy, pages=listed, page_rows=PAGE_ROWS, count=ends[-1:])
+    return copy, lists, taken
 
 
 def compact_ref(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None):
-    """PyTorch reference of :func:`compact` (no ``accept``)."""
+    """PyTorch reference of :func:`compact`: the copy of exactly the pages read, and the remapped lists."""
     from ..mla_cache.reference import dequantize_fp8_ds_mla
 
     S = kv.shape[0]

@@ -57,6 +57,7 @@ from .. import backend
 from ..constants import D_QK, D_V, FP8_DS_MLA_GROUP, H200_NUM_SMS, KV_LORA_RANK, ROPE_DIM
 from ..layouts import fp8_ds_mla_views
 from ..fp8 import tl_fp8_to_f32
+from .compact import compact
 from .epilogue import merge_weights, outputs, row_stats
 from .order import DEFAULT_BUCKETS, MAX_ORDER_TOPK, order_indices
 
@@ -149,12 +150,17 @@ def _sparse_mla_fwd_kernel(
     out_ptr, stride_ot, stride_oh,  # bf16 [T, h_q, 512] or, with SPLIT, f32 partials [NS, T, h_q, 512] (stride_os)
     stride_os,
     ml_ptr, lse_ptr,  # f32 [T, h_q] or, with SPLIT, [NS, T, h_q]
+    skip_ptr,  # SKIP >= 0: an int32 flag; where it equals SKIP the program returns at once (else unused)
     T, h_q, S, topk, split_len,
     sm_scale_log2,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
     GROUP: tl.constexpr, D_ROPE: tl.constexpr, PREFETCH: tl.constexpr, FP8_MODE: tl.constexpr,
+    SKIP: tl.constexpr = -1,
 ):
+    if SKIP >= 0:  # (a launch whose work another launch does, as a flag on the device says)
+        if tl.load(skip_ptr) == SKIP:
+            return
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     n_hg = tl.cdiv(h_q, BLOCK_H)
@@ -241,14 +247,18 @@ def _sparse_mla_combine_kernel(
     sink_ptr,
     out_ptr, stride_ot, stride_oh,
     ml_ptr, lse_ptr,
+    skip_ptr,  # as the forward kernel's
     T, h_q, num_splits,
     BLOCK_H: tl.constexpr, NS_PAD: tl.constexpr, SB: tl.constexpr, D: tl.constexpr, DC: tl.constexpr,
-    HAS_SINK: tl.constexpr,
+    HAS_SINK: tl.constexpr, SKIP: tl.constexpr = -1,
 ):
     """Merge the split partials of ``BLOCK_H`` heads of one token over ``DC`` of the ``D`` output columns
     (program axis 2), ``SB`` splits per load (one memory round trip for up to SB splits; SB = 1: the plain
     loop over splits; SB = NS_PAD: every split's partial output loaded together with the lse, one memory round
     trip in all); the program of the first column chunk also writes lse and max_logits."""
+    if SKIP >= 0:
+        if tl.load(skip_ptr) == SKIP:
+            return
     LN2: tl.constexpr = 0.6931471805599453
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -532,31 +542,40 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 #: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
-#: pages: 80 µs for 4096 x 2048 entries) and a synchronisation before its size is known, after which the GPU waits
-#: for the host to launch the rest of the call (the bf16 call alone: 110-330 µs of host time). On an H100 (fifty-fourth
-#: session; 4096 tokens x topk 2048 over a context of 16K / 128K / 384K rows in a pool of 2M, do_bench, µs) that
-#: makes h_q 64 3381 -> 2800 / 3702 -> 3422 / 3829 -> 3797 and h_q 128 6604 -> 4960 / 7053 -> 5256 / 7145 -> 5690,
-#: but at h_q 32 over 128K rows 2407 -> 2592 (where the bf16 kernels on the copy take 2007, the copy 392 more), and
-#: at 1024 tokens over 16K rows h_q 128 1702 -> 1640. So it is tried only for 64-head groups (more than 32 heads), with
-#: at least this many tokens x heads (64 heads: 2048 tokens; 128: 1024), where the whole cache makes too big a copy or
-#: too many rows per entry.
+#: pages: 52-80 µs for 1024-4096 x 2048 entries) before the copy, whether it is then taken or not: its size is known
+#: on the device only, so the copy is allocated at :func:`dequant_first_max_rows` and both the call over it and the
+#: call over the cache are queued, a device flag skipping one (no synchronisation). On an H100 (fifty-fifth session;
+#: topk 2048 over a context of C rows at random pages of a 2M-row pool, do_bench medians, µs, fp8 kernels -> as
+#: dispatched), 4096 tokens: h_q 128 over C = 16K / 128K / 384K 6577 -> 4612 / 7063 -> 5122 / 7163 -> 5592, h_q 64
+#: 3400 -> 2545 / 3712 -> 3012 / 3839 -> 3855 (21 gathered rows per copied row: even), h_q 32 over 16K / 128K 2368 ->
+#: 1855 / 2905 -> 2265 (the pages' way forced), and over 384K (above the bound: not taken) 2727 -> 2603; 2048 tokens:
+#: h_q 32 over 16K 1212 -> 967, but over 128K (not taken) 1237 -> 1352; 1024 tokens: h_q 128 over 16K / 128K 1695 ->
+#: 1245 / 1834 -> 1434, h_q 64 871 -> 705-995 / 952 -> 889 (forced; rounds apart). A copy not taken costs the marking
+#: and the skipped launches, about 115 µs at 2048 tokens. Hence at least this many tokens x heads (32 heads: 4096
+#: tokens; 64: 2048; 128: 1024), where the whole cache makes too big a copy or too many rows per entry.
 DEQUANT_FIRST_PAGES_MIN_WORK = 131072
 
 
-def dequant_first_pays(T: int, h_q: int, topk: int, rows: int) -> bool:
-    """Whether a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an fp8_ds_mla cache runs on a
-    bf16 copy of ``rows`` of its rows instead, on Hopper (see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
+def dequant_first_max_rows(T: int, h_q: int, topk: int) -> int:
+    """The most rows of a bf16 copy that a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an
+    fp8_ds_mla cache runs on instead, on Hopper (0: none; see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
     ratio = DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q))
-    return (ratio is not None and T >= ORDER_MIN_T and 0 < rows * D_QK * 2 <= DEQUANT_FIRST_MAX_BYTES
-            and T * topk >= ratio * rows)
+    if ratio is None or T < ORDER_MIN_T:
+        return 0
+    return min(T * topk // ratio, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2))
+
+
+def dequant_first_pays(T: int, h_q: int, topk: int, rows: int) -> bool:
+    """Whether such a call runs on a bf16 copy of ``rows`` of its rows (:func:`dequant_first_max_rows`)."""
+    return 0 < rows <= dequant_first_max_rows(T, h_q, topk)
 
 
 def _dequant_first(q, kv, indices) -> str | None:
     """How an fp8_ds_mla call (``kv`` the flat ``[S, 656]`` view) runs on a bf16 copy where the Hopper kernels serve it:
     ``"whole"``, a copy of the whole cache (:func:`dequant_first_pays` for ``S`` rows); ``"pages"``, a copy of the
-    pages the call reads (:mod:`dsa.mla.compact`, which asks :func:`dequant_first_pays` again once it knows their
-    number), tried as :data:`DEQUANT_FIRST_PAGES_MIN_WORK` says and never while a CUDA graph is being captured (it
-    reads that number back to the host); ``None``: no copy."""
+    pages the call reads (:mod:`dsa.mla.compact`), where their number, known on the device only, then meets
+    :func:`dequant_first_pays`, tried as :data:`DEQUANT_FIRST_PAGES_MIN_WORK` says (not where the heads would be
+    sliced, :func:`slice_pays`: the two launches of the pages' way take one group each); ``None``: no copy."""
     T, h_q, _ = q.shape
     topk, S = indices.shape[1], kv.shape[0]
     # (the shapes first: decode calls, the most frequent, stop at the token count)
@@ -564,8 +583,7 @@ def _dequant_first(q, kv, indices) -> str | None:
         return None
     if dequant_first_pays(T, h_q, topk, S):
         return "whole"
-    if (block_h_for(h_q) >= 64 and T * h_q >= DEQUANT_FIRST_PAGES_MIN_WORK
-            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
+    if T * h_q >= DEQUANT_FIRST_PAGES_MIN_WORK and not slice_pays(T, h_q, True) and not slice_pays(T, h_q, False):
         return "pages"
     return None
 
@@ -592,7 +610,8 @@ def _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, nu
 
 
 def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None,
-                      num_splits: int | None = None, config: dict | None = None, order: bool | int | None = None):
+                      num_splits: int | None = None, config: dict | None = None, order: bool | int | None = None,
+                      skip: tuple[torch.Tensor, int] | None = None, results: tuple | None = None):
     """Launch the kernels on validated arguments (see :func:`dsa.sparse_mla`).
 
     ``kv`` is the flat ``[S, 576]`` bf16 or ``[S, 656]`` uint8 view; ``num_splits`` forces the
@@ -614,6 +633,11 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     forces the index lists grouped by slot range
     first (:mod:`dsa.mla.order`; ``True``: :data:`~dsa.mla.order.DEFAULT_BUCKETS` ranges, an int: that
     many) or not (``False`` / 0; ``None``: :func:`order_pays`).
+
+    ``skip = (flag, value)`` (``flag`` ``[1]`` int32 on the device) makes every kernel of the call return at once,
+    writing nothing, where ``flag`` holds ``value``, and ``results = (out, max_logits, lse)`` are written instead of
+    new ones: the pages' way queues the call over the copy and over the cache this way, and the flag picks one on the
+    device. Such a call takes neither a copy, nor the bulk kernel, nor slices.
     """
     T, h_q, _ = q.shape
     topk = indices.shape[1]
@@ -621,29 +645,32 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
     dev = q.device
     is_fp8 = kv.dtype == torch.uint8
     bulk = (config or {}).get("bulk")
-    if kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
+    if skip is None and kernel_bulk is not None and bulk is not False and kernel_bulk.applies(q, kv, indices, out):
         if bulk or (not config and num_splits is None and kernel_bulk.serves(T, topk)):
             return kernel_bulk.sparse_mla_bulk(q, kv, indices, sm_scale, attn_sink, topk_length, out, num_splits)
-    way = _dequant_first(q, kv, indices) if is_fp8 and not config and num_splits is None and T > 0 else None
+    way = None
+    if skip is None and is_fp8 and not config and num_splits is None and T > 0:
+        way = _dequant_first(q, kv, indices)
     if way == "whole":
         from ..mla_cache.kernel import fp8_ds_mla_read
 
         kv16 = torch.empty(S, D_QK, dtype=torch.bfloat16, device=dev)
         fp8_ds_mla_read(kv, kv16)
         return sparse_mla_triton(q, kv16, indices, sm_scale, d_v, attn_sink, topk_length, out, None, None, order)
-    if way == "pages":
-        from .compact import compact
-
-        copied = compact(kv, indices, topk_length, accept=lambda rows: dequant_first_pays(T, h_q, topk, rows))
-        if copied is not None:
-            return sparse_mla_triton(q, copied[0], copied[1], sm_scale, d_v, attn_sink, topk_length, out, None, None,
-                                     order)
+    if way == "pages":  # both calls queued, the flag (pages found, within the rule) taking one: no synchronisation
+        copy, lists, taken = compact(kv, indices, topk_length, dequant_first_max_rows(T, h_q, topk))
+        results = outputs(T, h_q, d_v, dev, out)
+        sparse_mla_triton(q, copy, lists, sm_scale, d_v, attn_sink, topk_length, None, None, None, order,
+                          skip=(taken, 0), results=results)
+        sparse_mla_triton(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, None, None, order,
+                          skip=(taken, 1), results=results)
+        return results
     sliced = (config or {}).get("slice_heads")
-    if sliced is not False and h_q > 64 and h_q % 64 and (
+    if skip is None and sliced is not False and h_q > 64 and h_q % 64 and (
             sliced or (not config and kernel_sm90 is not None and kernel_sm90.supported(q, kv, 64)
                        and slice_pays(T, h_q, is_fp8))):
         return _sliced_heads(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out, num_splits, config, order)
-    out, max_logits, lse = outputs(T, h_q, d_v, dev, out)
+    out, max_logits, lse = outputs(T, h_q, d_v, dev, out) if results is None else results
     if T == 0:
         return out, max_logits, lse
     fp8_mode = backend.fp8_mode(dev)
@@ -680,13 +707,15 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         idx = indices
         if order_:
             idx = order_indices(indices, S, topk_length, DEFAULT_BUCKETS if order_ is True else int(order_),
-                                wave=_serpentine_wave(dev, use_sm90) if num_splits == 1 else 0, groups=n_hg)
+                                wave=_serpentine_wave(dev, use_sm90) if num_splits == 1 else 0, groups=n_hg,
+                                skip=skip)
         has_len = topk_length is not None
         has_sink = attn_sink is not None
         dummy = lse
+        skip_arg, skip_value = (dummy, -1) if skip is None else (skip[0], int(skip[1]))
         common = dict(BLOCK_H=bh, BLOCK_N=bn, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink,
                       GROUP=FP8_DS_MLA_GROUP, D_ROPE=ROPE_DIM, PREFETCH=bool(cfg.get("prefetch", False)) and is_fp8,
-                      FP8_MODE=fp8_mode,
+                      FP8_MODE=fp8_mode, SKIP=skip_value,
                       num_warps=warps, num_stages=stages)
         len_arg = topk_length if has_len else dummy
         sink_arg = attn_sink if has_sink else dummy
@@ -702,9 +731,9 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
                                    s_os, ml, ls, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split,
                                    block_h=bh, producer=cfg.get("producer"), pingpong=cfg.get("pingpong"),
                                    cluster=cluster, final=(out, out.stride(0), out.stride(1), max_logits, lse),
-                                   num_sms=_num_sms(dev), persist=cfg.get("persist"))
+                                   num_sms=_num_sms(dev), persist=cfg.get("persist"), skip=skip)
             else:
-                _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls,
+                _sparse_mla_fwd_kernel[grid](*args_in, o, s_ot, s_oh, s_os, ml, ls, skip_arg,
                                              T, h_q, S, topk, split_len, scale_log2, SPLIT=split, **common)
 
         if num_splits == 1:
@@ -726,7 +755,7 @@ def sparse_mla_triton(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_le
         mc = combine_config(T, h_q, num_splits, d_v)
         _sparse_mla_combine_kernel[(T, cdiv(h_q, mc["BLOCK_H"]), cdiv(d_v, mc["DC"]))](
             o_part, lse_part, ml_part, attn_sink if has_sink else dummy, out, out.stride(0), out.stride(1),
-            max_logits, lse, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, **mc)
+            max_logits, lse, skip_arg, T, h_q, num_splits, D=d_v, HAS_SINK=has_sink, SKIP=skip_value, **mc)
         return out, max_logits, lse
 
     if config:  # (tests, benchmarks) as given

@@ -935,12 +935,14 @@ def _sparse_mla_sm90_kernel(
     out_ptr, stride_ot, stride_oh, stride_os,
     ml_ptr, lse_ptr,
     fout_ptr, stride_fot, stride_foh, fml_ptr, flse_ptr,  # CLUSTER: the merged results (else unused)
+    skip_ptr,  # SKIP >= 0: an int32 flag; where it equals SKIP the kernel returns at once (else unused)
     T, h_q, S, topk, split_len,
     sm_scale_log2,
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
     LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, COLS2: gl.constexpr = 0, COLS2_REGS: gl.constexpr = 0,
+    SKIP: gl.constexpr = -1,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -953,6 +955,9 @@ def _sparse_mla_sm90_kernel(
       (4 warps): one, the rows as M (:func:`_math_rows`), or with ``COLS2`` two that split the output columns (the
       second :func:`_math_cols_hi`, ``COLS2_REGS`` registers); :func:`_producer` (``EARLY`` fp8 groups loaded
       before a buffer is free), two mbarriers per buffer (full, empty)."""
+    if SKIP >= 0:  # (a launch whose work another launch does, as a flag on the device says: see launch())
+        if gl.load(skip_ptr) == SKIP:
+            return
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -1189,7 +1194,7 @@ def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
 
 def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg, out, stride_ot, stride_oh,
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
-           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None):
+           producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, skip=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
     :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
     :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
@@ -1198,7 +1203,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
     fp32) inside the kernel into ``final = (out, stride_ot, stride_oh, max_logits, lse)``. ``persist`` (``None``:
     :data:`PERSIST` with h_q > 64): an unsplit ping-pong launch runs ``min(grid[0], num_sms)`` persistent programs
-    instead."""
+    instead. ``skip = (flag, value)`` (``flag`` ``[1]`` int32 on the device): where ``flag`` holds ``value`` every
+    CTA returns at once, writing nothing (one of two launches of which a flag computed on the device picks one)."""
     # what the copies assume: every row's values and rope part start on a 16-byte boundary
     assert nope.stride(0) * nope.element_size() % 16 == 0 and rope.stride(0) * rope.element_size() % 16 == 0
     assert nope.data_ptr() % 16 == 0 and rope.data_ptr() % 16 == 0
@@ -1221,11 +1227,12 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         grid = (min(grid[0], num_sms), 1)
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
-        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final, T, h_q, S, topk,
-        split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
+        indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final,
+        lse if skip is None else skip[0], T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
         LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
-        COLS2_REGS=COLS2_REGS[is_fp8], num_warps=8 if block_h == BLOCK_H and not pp else 4)
+        COLS2_REGS=COLS2_REGS[is_fp8], SKIP=-1 if skip is None else int(skip[1]),
+        num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")

@@ -41,8 +41,11 @@ DEFAULT_BUCKETS = 4
 
 
 @triton.jit(do_not_specialize=["S", "topk", "wave", "groups"])
-def _order_rows_kernel(idx_ptr, stride_idx, len_ptr, out_ptr, S, topk, wave, groups, HAS_LEN: tl.constexpr,
-                       BLOCK: tl.constexpr, LOG2_NB: tl.constexpr, BITS: tl.constexpr):
+def _order_rows_kernel(idx_ptr, stride_idx, len_ptr, out_ptr, skip_ptr, S, topk, wave, groups, HAS_LEN: tl.constexpr,
+                       BLOCK: tl.constexpr, LOG2_NB: tl.constexpr, BITS: tl.constexpr, SKIP: tl.constexpr = -1):
+    if SKIP >= 0:  # (lists for a launch that a flag on the device skips: see order_indices' ``skip``)
+        if tl.load(skip_ptr) == SKIP:
+            return
     NB: tl.constexpr = 1 << LOG2_NB
     PER: tl.constexpr = 63 // BITS  # buckets per int64 word
     WORDS: tl.constexpr = (NB + PER) // PER  # NB valid buckets + the invalid one
@@ -85,7 +88,7 @@ def _order_rows_kernel(idx_ptr, stride_idx, len_ptr, out_ptr, S, topk, wave, gro
 
 def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | None = None,
                   buckets: int = DEFAULT_BUCKETS, out: torch.Tensor | None = None, wave: int = 0,
-                  groups: int = 1) -> torch.Tensor:
+                  groups: int = 1, skip: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """``[T, topk]`` int32 index lists (any row stride, last dim contiguous) -> a contiguous ``[T, topk]`` int32
     tensor (``out`` if given, else a new one): each row's valid slots grouped by range (module docstring), then
     :data:`INVALID`. ``topk <= MAX_ORDER_TOPK``, ``buckets`` a power of two from 1 to 32. One launch, no host
@@ -94,7 +97,10 @@ def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | Non
     ``wave`` (serpentine order; 0: off): the attention call's programs resident at once, ``groups`` its programs per
     row (head groups). Rows whose first program ``t * groups`` falls in an odd wave (``(t * groups) // wave`` odd)
     take their ranges from the top down, so that the programs starting as a wave ends walk the slots that the ending
-    ones read last, which are still in L2, instead of the lowest slots, which were read a wave ago."""
+    ones read last, which are still in L2, instead of the lowest slots, which were read a wave ago.
+
+    ``skip = (flag, value)`` (``flag`` ``[1]`` int32 on the device): where ``flag`` holds ``value`` the kernel writes
+    nothing (the lists of an attention launch that the same flag skips)."""
     T, topk = indices.shape
     if topk > MAX_ORDER_TOPK:
         raise ValueError(f"order_indices: topk {topk} > {MAX_ORDER_TOPK}")
@@ -111,9 +117,10 @@ def order_indices(indices: torch.Tensor, S: int, topk_length: torch.Tensor | Non
         return out
     block = next_power_of_2(topk)
     has_len = topk_length is not None
-    _order_rows_kernel[(T,)](indices, indices.stride(0), topk_length if has_len else indices, out, S, topk,
-                             int(wave), int(groups), HAS_LEN=has_len, BLOCK=block, LOG2_NB=buckets.bit_length() - 1,
-                             BITS=block.bit_length(), num_warps=4 if block <= 2048 else 8)
+    _order_rows_kernel[(T,)](indices, indices.stride(0), topk_length if has_len else indices, out,
+                             out if skip is None else skip[0], S, topk, int(wave), int(groups), HAS_LEN=has_len,
+                             BLOCK=block, LOG2_NB=buckets.bit_length() - 1, BITS=block.bit_length(),
+                             SKIP=-1 if skip is None else int(skip[1]), num_warps=4 if block <= 2048 else 8)
     return out
 
 

@@ -27,7 +27,7 @@ from ..constants import (
     KV_LORA_RANK,
     ROPE_DIM,
 )
-from ..backend import fp8_mode
+from ..backend import fp8_mode, num_sms
 from ..fp8 import tl_fp8_to_f32, tl_quant_fp8_rows
 from ..layouts import fp8_ds_mla_views
 
@@ -40,6 +40,9 @@ CONFIG = {
     "write_fp8": {"BLOCK_T": 16, "num_warps": 4},
     "read": {"BLOCK_R": 8, "num_warps": 4},
 }
+#: programs per SM of a read with the count on the device (each takes every num_programs-th block of rows: 16 of
+#: 4 warps fill an SM)
+READ_PROGRAMS_PER_SM = 16
 # candidates the benchmark times and the GPU tests check
 CONFIG_SWEEP = {
     "write_bf16": [{"BLOCK_T": b, "num_warps": w} for b in (4, 8, 16, 32) for w in (4, 8)],
@@ -84,14 +87,10 @@ def _mla_cache_write_kernel(
 
 
 @triton.jit
-def _fp8_ds_mla_read_kernel(
-    val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr,
-    n_rows, n_src, stride_val, stride_scale, stride_rope, stride_out,
-    BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr, FP8_MODE: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SHIFT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    i = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+def _read_rows(val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr, blk, n_rows, n_src, stride_val, stride_scale,
+               stride_rope, stride_out, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr,
+               ROPE: tl.constexpr, FP8_MODE: tl.constexpr, PAGED: tl.constexpr, PAGE_SHIFT: tl.constexpr):
+    i = (blk * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # (row numbers fit int32; their offsets, int64)
     ok = i < n_rows
     if PAGED:  # output row i <- source row pages[i // PAGE] * PAGE + i % PAGE (0 past the source's end)
         page = tl.load(page_ptr + (i >> PAGE_SHIFT), mask=ok, other=0).to(tl.int64)
@@ -112,6 +111,25 @@ def _fp8_ds_mla_read_kernel(
     r = tl.arange(0, ROPE)
     pe = tl.load(rope_ptr + src[:, None] * stride_rope + r[None, :], mask=ld2, other=0.0)
     tl.store(out_ptr + i[:, None] * stride_out + NUM_GROUPS * GROUP + r[None, :], pe, mask=ok2)
+
+
+@triton.jit
+def _fp8_ds_mla_read_kernel(
+    val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr, count_ptr,
+    n_rows, n_src, stride_val, stride_scale, stride_rope, stride_out,
+    BLOCK_R: tl.constexpr, GROUP: tl.constexpr, NUM_GROUPS: tl.constexpr, ROPE: tl.constexpr, FP8_MODE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SHIFT: tl.constexpr, COUNTED: tl.constexpr,
+):
+    if COUNTED:  # the pages' count on the device: its pages if they fit the ``n_rows`` of ``out`` (else none), each
+        pages = tl.load(count_ptr)  # program taking every num_programs-th block of rows
+        rows = tl.where(pages <= (n_rows >> PAGE_SHIFT), pages << PAGE_SHIFT, 0)
+        for blk in range(tl.program_id(0), tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+            _read_rows(val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr, blk, rows, n_src, stride_val, stride_scale,
+                       stride_rope, stride_out, BLOCK_R, GROUP, NUM_GROUPS, ROPE, FP8_MODE, PAGED, PAGE_SHIFT)
+    else:
+        _read_rows(val_ptr, scale_ptr, rope_ptr, out_ptr, page_ptr, tl.program_id(0), n_rows, n_src, stride_val,
+                   stride_scale, stride_rope, stride_out, BLOCK_R, GROUP, NUM_GROUPS, ROPE, FP8_MODE, PAGED,
+                   PAGE_SHIFT)
 
 
 def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
@@ -140,21 +158,30 @@ def mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8: bool) -> None:
 
 
 def fp8_ds_mla_read(rows: torch.Tensor, out: torch.Tensor, pages: torch.Tensor | None = None,
-                    page_rows: int = 64) -> None:
+                    page_rows: int = 64, count: torch.Tensor | None = None) -> None:
     """Dequantise ``rows [R, 656]`` uint8 (row stride free) into ``out [R, 576]`` bf16; with ``pages [P]`` int32
     (page numbers of ``page_rows`` rows, a power of two), only those pages, in that order: ``out [P * page_rows,
-    576]`` row ``i`` from row ``pages[i // page_rows] * page_rows + i % page_rows`` (0 where that is past ``R``)."""
+    576]`` row ``i`` from row ``pages[i // page_rows] * page_rows + i % page_rows`` (0 where that is past ``R``).
+    ``count`` (with ``pages``; ``[1]`` int32 on the device, read by the kernel: no synchronisation): only the first
+    ``count`` pages, and none where they exceed ``out``'s rows (``out [n * page_rows, 576]``, ``pages`` at least
+    ``min(count, n)`` long); the rest of ``out`` is left as it was."""
     n = rows.shape[0] if pages is None else out.shape[0]
     if n == 0:
         return
     shift = page_rows.bit_length() - 1
-    assert pages is None or (1 << shift == page_rows and n == pages.numel() * page_rows), "pages and out disagree"
+    assert 1 << shift == page_rows, "page_rows is not a power of two"
+    assert pages is None or count is not None or n == pages.numel() * page_rows, "pages and out disagree"
+    assert count is None or (pages is not None and n % page_rows == 0 and count.dtype == torch.int32), "count"
     values, scales, rope = fp8_ds_mla_views(rows)
     cfg = CONFIG["read"]
-    grid = (cdiv(n, cfg["BLOCK_R"]),)
-    _fp8_ds_mla_read_kernel[grid](
-        values.view(torch.uint8), scales, rope, out, out if pages is None else pages,
+    grid = cdiv(n, cfg["BLOCK_R"])
+    if count is not None:  # (a grid the size of the largest copy would be mostly idle programs)
+        sms = num_sms(rows.device)
+        grid = min(grid, READ_PROGRAMS_PER_SM * sms if sms else 4)
+    _fp8_ds_mla_read_kernel[(grid,)](
+        values.view(torch.uint8), scales, rope, out, out if pages is None else pages, out if count is None else count,
         n, rows.shape[0], values.stride(0), scales.stride(0), rope.stride(0), out.stride(0),
         BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_DS_MLA_GROUP, NUM_GROUPS=FP8_DS_MLA_NUM_GROUPS, ROPE=ROPE_DIM,
-        FP8_MODE=fp8_mode(rows.device), PAGED=pages is not None, PAGE_SHIFT=shift, num_warps=cfg["num_warps"],
+        FP8_MODE=fp8_mode(rows.device), PAGED=pages is not None, PAGE_SHIFT=shift, COUNTED=count is not None,
+        num_warps=cfg["num_warps"],
     )
