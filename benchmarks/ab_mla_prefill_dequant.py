@@ -34,7 +34,7 @@ def main():
         q, kv, idx = mla_inputs(T, h, TOPK, 1, S_KV, "fp8_ds_mla")
         kv16 = torch.empty(*kv.shape[:-1], 576, dtype=torch.bfloat16, device="cuda")
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
-        fns = {"fp8 cache": lambda: fp8_kernels(lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton")),
+        fns = {"fp8 cache": lambda: forced_way(None, lambda: sparse_mla(q, kv, idx, sm, out=out, backend="triton")),
                "dequantise + bf16": lambda: (dequantize_fp8_ds_mla(kv, out=kv16),
                                              sparse_mla(q, kv16, idx, sm, out=out, backend="triton"))[1],
                "dequantise alone": lambda: dequantize_fp8_ds_mla(kv, out=kv16),
@@ -75,10 +75,11 @@ def compare(fns, out, chosen, a, b):
     return same, diff, any(torch.isnan(x).any().item() for v in res.values() for x in v)
 
 
-def fp8_kernels(call):
-    """``call()`` with :func:`dsa.mla.kernel._dequant_first` off: the fp8 kernels dequantise the gathered rows."""
+def forced_way(way, call):
+    """``call()`` with :func:`dsa.mla.kernel._dequant_first` saying ``way`` (``None``: the fp8 kernels dequantise the
+    gathered rows; ``"pages"``: a copy of the pages read is tried)."""
     keep = mla_kernel._dequant_first
-    mla_kernel._dequant_first = lambda q, kv, indices: None
+    mla_kernel._dequant_first = lambda q, kv, indices: way
     try:
         return call()
     finally:

@@ -25,7 +25,7 @@ from dsa import sparse_mla  # noqa: E402
 from dsa.bench import MLA_POOL_ROWS, interleaved_us, mla_counts, mla_inputs  # noqa: E402
 from dsa.mla.compact import PAGE_ROWS, compact, mark_pages  # noqa: E402
 
-from ab_mla_prefill_dequant import compare, fp8_kernels  # noqa: E402  (benchmarks/ is the script's folder)
+from ab_mla_prefill_dequant import compare, forced_way  # noqa: E402  (benchmarks/ is the script's folder)
 
 TOPK = 2048
 
@@ -41,16 +41,6 @@ def host_us(fn, n=20):
         ts.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return sorted(ts)[n // 2]
-
-
-def pages_forced(call):
-    """``call()`` with :func:`dsa.mla.kernel._dequant_first` saying "pages" (a copy of the pages read is tried)."""
-    keep = mla_kernel._dequant_first
-    mla_kernel._dequant_first = lambda q, kv, indices: "pages"
-    try:
-        return call()
-    finally:
-        mla_kernel._dequant_first = keep
 
 
 def main():
@@ -72,15 +62,15 @@ def main():
             copy, lists, taken = compact(pool, idx, None, bound)
             tried = mla_kernel._dequant_first(q, pool, idx) == "pages"
             chosen = tried and taken.item() == 1
-            fns = {"fp8 cache": lambda: fp8_kernels(lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")),
+            fns = {"fp8 cache": lambda: forced_way(None, lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")),
                    "copy alone": lambda: compact(pool, idx, None, bound),
                    "marking alone": lambda: mark_pages(idx, None, pool.shape[0]),
                    "dispatched": lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")}
             if taken.item():  # (else the copy is unwritten)
                 fns["bf16 on copy"] = lambda: sparse_mla(q, copy, lists, sm, out=out, backend="triton")
             if not tried:
-                fns["pages forced"] = lambda: pages_forced(lambda: sparse_mla(q, pool, idx, sm, out=out,
-                                                                              backend="triton"))
+                fns["pages forced"] = lambda: forced_way("pages", lambda: sparse_mla(q, pool, idx, sm, out=out,
+                                                                                     backend="triton"))
             same, diff, nan = compare(fns, out, "bf16 on copy" if chosen else "fp8 cache", "fp8 cache",
                                       "bf16 on copy" if taken.item() else "fp8 cache")
             times = interleaved_us(fns, a.rounds, graph=False, return_mode="median")

@@ -55,10 +55,10 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         A (t, h) with no valid entry gives ``out = 0``, ``lse = +inf``, ``max_logits = -inf``
         (FlashMLA's convention). fp8 rows are dequantised to bf16 before the products.
 
-    No host–device synchronisation; CUDA-graph safe for fixed
-    shapes (the split-K path allocates its fp32 partials with ``torch.empty``). The work split is chosen inside, and
-    so is whether the index lists are first grouped by slot range into a ``[T, topk]`` int32 copy (many tokens over
-    a large cache, for L2 locality; :mod:`dsa.mla.order`): the result is the same up to the order of the fp32 sums. So is how the heads
+    No host–device synchronisation; CUDA-graph safe for fixed shapes (the split-K path allocates
+    its fp32 partials with ``torch.empty``). The work split is chosen inside, and so is whether the index lists
+    are first grouped by slot range into a ``[T, topk]`` int32 copy (many tokens over a large cache, for L2
+    locality; :mod:`dsa.mla.order`): the result is the same up to the order of the fp32 sums. So is how the heads
     run: in programs of 16, 32 or 64 heads (8 heads in 16-head programs, the rest of a group masked), and on
     Hopper 72-96 heads in calls of many tokens as two calls, 64 heads and the rest (:func:`dsa.mla.kernel.slice_pays`),
     whichever measured faster (BENCHMARKS.md, thirty-seventh session). On Hopper, a call of many tokens with more
