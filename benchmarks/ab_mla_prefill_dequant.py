@@ -7,10 +7,14 @@ ways attend over the same bf16 rows. The fp8 way is forced (``sparse_mla`` itsel
 :func:`dsa.mla.kernel.dequant_first_pays`); the call as dispatched is timed beside them and must be bitwise equal
 to the way it chose. Prints each way's time and the two ways' largest differences. GPU.
 
-    python benchmarks/ab_mla_prefill_dequant.py [ROUNDS] [H_Q ...]
+    python benchmarks/ab_mla_prefill_dequant.py [ROUNDS] [H_Q ...] [--tokens 4096] [--context 131072]
+        [--min-ratio BLOCK_H:RATIO ...]
+
+``--min-ratio`` overrides :data:`dsa.mla.kernel.DEQUANT_FIRST_MIN_RATIO` for the dispatched call.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -21,13 +25,21 @@ import dsa.mla.kernel as mla_kernel  # noqa: E402
 from dsa import dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
 from dsa.bench import interleaved_us, mla_counts, mla_inputs  # noqa: E402
 
-T, TOPK, S_KV = 4096, 2048, 131072
+TOPK = 2048
 
 
 def main():
-    args = [int(a) for a in sys.argv[1:]]
-    rounds = args.pop(0) if args else 3
-    heads = args or [16, 32, 64, 128]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rounds", type=int, nargs="?", default=3)
+    ap.add_argument("heads", type=int, nargs="*", default=[16, 32, 64, 128])
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--min-ratio", nargs="+", default=[], metavar="BLOCK_H:RATIO")
+    a = ap.parse_args()
+    for kv_ in a.min_ratio:
+        block_h, ratio = map(int, kv_.split(":"))
+        mla_kernel.DEQUANT_FIRST_MIN_RATIO[block_h] = ratio
+    T, S_KV, rounds, heads = a.tokens, a.context, a.rounds, a.heads or [16, 32, 64, 128]
     sm = 192 ** -0.5
     rows = []
     for h in heads:

@@ -8,7 +8,7 @@ pages fit :func:`dsa.mla.kernel.dequant_first_max_rows`), which must be bitwise 
 way forced (heads for which the rule does not try it), and the host time of the dispatched call. GPU.
 
     python benchmarks/ab_mla_prefill_pool.py [--rounds 3] [--heads 32 64 128] [--contexts 32768 131072]
-        [--pool 2097152] [--tokens 4096]
+        [--pool 2097152] [--tokens 4096] [--min-ratio 32:16 ...]
 """
 from __future__ import annotations
 
@@ -50,7 +50,13 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072, 262144])
     ap.add_argument("--pool", type=int, default=MLA_POOL_ROWS)
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--min-ratio", nargs="+", default=[], metavar="BLOCK_H:RATIO",
+                    help="override dsa.mla.kernel.DEQUANT_FIRST_MIN_RATIO (e.g. 32:16 to time a 32-head copy of "
+                         "more pages than the rule allows)")
     a = ap.parse_args()
+    for kv_ in a.min_ratio:
+        block_h, ratio = map(int, kv_.split(":"))
+        mla_kernel.DEQUANT_FIRST_MIN_RATIO[block_h] = ratio
     T, sm = a.tokens, 192 ** -0.5
     rows = []
     for ctx in a.contexts:

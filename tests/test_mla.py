@@ -476,7 +476,7 @@ def test_dequant_first_pages_declined(monkeypatch):
 def test_dequant_first_rule():
     """Which calls over the fp8_ds_mla cache run on a bf16 copy of ``rows`` of its rows (on sm_90): more than 16 heads,
     at least ``ORDER_MIN_T`` tokens, at least ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per copied row (more at 32 heads
-    or fewer), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured; the bound on the rows is the rule's."""
+    or fewer, fewer past 64), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured; the bound on the rows is the rule's."""
     from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_max_rows, dequant_first_pays
 
     measured = (4096, 2048, 131072)  # T, topk, rows (BENCHMARKS.md, fifty-third and fifty-fourth sessions)
@@ -484,6 +484,9 @@ def test_dequant_first_rule():
     assert dequant_first_pays(4096, 32, 2048, 131072) and not dequant_first_pays(4096, 32, 2048, 131073)
     assert not dequant_first_pays(4096, 32, 2048, 262144)  # (measured: no gain left at 32 rows per copied row)
     assert dequant_first_pays(4096, 64, 2048, 393216) and dequant_first_pays(4096, 128, 2048, 400000)
+    # (more than 64 heads: at least 8 rows per copied row; 33-64: 16; measured in the fifty-sixth session)
+    assert dequant_first_pays(1024, 128, 2048, 262144) and not dequant_first_pays(1024, 128, 2048, 262145)
+    assert dequant_first_pays(1024, 72, 2048, 262144) and not dequant_first_pays(1024, 64, 2048, 131073)
     assert dequant_first_pays(1024, 64, 2048, 16384) and dequant_first_pays(4096, 32, 2048, 16384)  # (small copies)
     assert not dequant_first_pays(4096, 128, 2048, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2) + 1)  # too big a copy
     assert not dequant_first_pays(ORDER_MIN_T - 1, 128, 2048, 1024)  # decode batches
@@ -514,6 +517,7 @@ def test_dequant_first_ways(monkeypatch):
 
     pool = 1 << 21  # (2M rows: a copy of 2.3 GB)
     assert way(4096, 32, 131072) == "whole" and way(4096, 128, 400000) == "whole" and way(1024, 64, 16384) == "whole"
+    assert way(1024, 128, 262144) == "whole" and way(1024, 64, 262144) is None  # (8 / 16 rows per copied row)
     assert way(4096, 128, pool) == way(2048, 64, pool) == way(1024, 128, pool) == way(2048, 64, 400000) == "pages"
     assert way(2048, 112, pool) == way(4096, 40, pool) == "pages"
     assert way(2048, 72, pool) is None and way(4096, 96, pool) is None  # (sliced heads: 64 + the rest)

@@ -536,10 +536,13 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 #: But h_q 16 1713.5 -> 1998.2 with the copy (so never for 16 heads). The whole cache's copy takes about 0.7 µs per
 #: 1K rows (92 µs for 128K). So the bf16 kernels gain less as each cache row is gathered fewer times: at 32 heads
 #: nothing left at 32 gathered rows per copied row (256K), and at 43 less than a copy costs; at 64 and 128 heads they
-#: gain 14% / 29% at 21 (384K). Hence at least ``DEQUANT_FIRST_MIN_RATIO[block_h_for(h_q)]`` gathered rows per
-#: copied row, at most :data:`DEQUANT_FIRST_MAX_BYTES` of copy, and at least ``ORDER_MIN_T`` tokens
-#: (:func:`dequant_first_pays`).
-DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16}
+#: gain 14% / 29% at 21 (384K). More than 64 heads (two head groups) gain at fewer: 1024 tokens at h_q 128 over the
+#: pages of 128K / 192K / 256K (16 / 10.7 / 8 rows per copied row; fifty-sixth session, H100, copy included) 1815 ->
+#: 1449 / 1838 -> 1535 / 1850 -> 1587. At 32 heads the pages of 192K / 256K lose (2457 -> 2742 / 2490 -> 2893), at 64
+#: they gain 7.6% / 1.4% / 0.7% at 32 / 28.4 / 25.6 and lose 0.5% at 21.3 (4096 tokens). Hence at least
+#: ``DEQUANT_FIRST_MIN_RATIO[_ratio_key(h_q)]`` gathered rows per copied row, at most :data:`DEQUANT_FIRST_MAX_BYTES`
+#: of copy, and at least ``ORDER_MIN_T`` tokens (:func:`dequant_first_pays`).
+DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16, 128: 8}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 #: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
 #: pages: 52-80 µs for 1024-4096 x 2048 entries) before the copy, whether it is then taken or not: its size is known
@@ -556,10 +559,15 @@ DEQUANT_FIRST_MAX_BYTES = 512 << 20
 DEQUANT_FIRST_PAGES_MIN_WORK = 131072
 
 
+def _ratio_key(h_q: int) -> int:
+    """:data:`DEQUANT_FIRST_MIN_RATIO`'s key for ``h_q`` heads: the head group's size, or 128 past one 64-head group."""
+    return 128 if h_q > 64 else block_h_for(h_q)
+
+
 def dequant_first_max_rows(T: int, h_q: int, topk: int) -> int:
     """The most rows of a bf16 copy that a call of ``T`` tokens with ``h_q`` heads and ``topk`` entries each over an
     fp8_ds_mla cache runs on instead, on Hopper (0: none; see :data:`DEQUANT_FIRST_MIN_RATIO`)."""
-    ratio = DEQUANT_FIRST_MIN_RATIO.get(block_h_for(h_q))
+    ratio = DEQUANT_FIRST_MIN_RATIO.get(_ratio_key(h_q))
     if ratio is None or T < ORDER_MIN_T:
         return 0
     return min(T * topk // ratio, DEQUANT_FIRST_MAX_BYTES // (D_QK * 2))
