@@ -880,11 +880,11 @@ def test_gpu_large(kv_format, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n_pages", [100, 400])
+@pytest.mark.parametrize("n_pages", [100, 600])
 def test_gpu_dequant_first_pages_graph(n_pages):
     """The pages' way at a prefill shape, as the rule dispatches it (no patching): 1024 tokens x 128 heads over a cache
-    too large to copy whole, reading 100 pages (taken: bitwise the bf16 call on the reference's copy) or 400 (over the
-    bound of 16384 rows: bitwise the fp8 kernels); then captured in a CUDA graph (nothing is read back to the host)
+    too large to copy whole, reading 100 pages (taken: bitwise the bf16 call on the reference's copy) or 600 (over the
+    bound of 32768 rows: bitwise the fp8 kernels); then captured in a CUDA graph (nothing is read back to the host)
     and replayed on new queries, bitwise the eager call on them."""
     import dsa.mla.kernel as K
     from dsa.mla.compact import PAGE_ROWS, compact_ref
@@ -894,10 +894,10 @@ def test_gpu_dequant_first_pages_graph(n_pages):
     pages = torch.randperm(S // PAGE_ROWS, generator=gen(n_pages))[:n_pages].tolist()
     q, kv, idx, tl_, sink = paged_case(T, h_q, topk, S, pages, seed=n_pages, block_size=64)
     flat = ref_mod.flat_kv(kv)
-    assert K.dequant_first_max_rows(T, h_q, topk) == 16384 and K._dequant_first(q, flat, idx) == "pages"
+    assert K.dequant_first_max_rows(T, h_q, topk) == 32768 and K._dequant_first(q, flat, idx) == "pages"
     sm = 192 ** -0.5
     got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    if n_pages * PAGE_ROWS <= 16384:
+    if n_pages * PAGE_ROWS <= 32768:
         copy, lists = compact_ref(flat, idx, tl_)
         same = sparse_mla_triton(q, copy, lists, sm, D_V, sink, tl_)
     else:
