@@ -36,7 +36,10 @@ PAGE_ROWS = 64
 #: flags of a context's few hundred pages share a few lines, and the stores to them queue up in L2 one after another)
 FLAG_STRIDE = 32
 _BLOCK = 1024  # index-list entries per program (the remap kernel) and pages per program (listing them)
-_MARK_TOKENS, _MARK_BLOCK = 8, 256  # tokens per program, and entries per step, marking the pages
+#: tokens per program, entries per step and warps marking the pages (``benchmarks/sweep_mark_pages.py``, H100,
+#: fifty-sixth session: 4096 tokens over 16K / 128K rows of a 2M-row pool 78.8 / 82.0 µs at 8, 256, 4 -> 47.7 / 61.4;
+#: 1024 tokens over 128K 58.0 -> 30.0; the fastest of 40 shapes or within 1.2 µs of it)
+_MARK_TOKENS, _MARK_BLOCK, _MARK_WARPS = 2, 256, 8
 
 
 @triton.jit(do_not_specialize=["T", "n_slots"])  # (T and S change from call to call: one variant for all)
@@ -105,7 +108,8 @@ def mark_pages(indices: torch.Tensor, topk_length: torch.Tensor | None, n_slots:
         lens = indices if topk_length is None else topk_length
         _mark_pages_kernel[(cdiv(T, _MARK_TOKENS),)](indices, lens, flags, T, topk, indices.stride(0), n_slots,
                                                      HAS_LEN=topk_length is not None, SHIFT=_shift(),
-                                                     STRIDE=FLAG_STRIDE, TOKENS=_MARK_TOKENS, BLOCK=_MARK_BLOCK)
+                                                     STRIDE=FLAG_STRIDE, TOKENS=_MARK_TOKENS, BLOCK=_MARK_BLOCK,
+                                                     num_warps=_MARK_WARPS)
     return flags[::FLAG_STRIDE]
 
 
