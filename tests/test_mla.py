@@ -397,7 +397,7 @@ def test_skip_flag(kv_format, h_q, T, splits, order):
                 (flag, value, name)
 
 
-@pytest.mark.parametrize("way,h_q", [("whole", 32), ("whole", 48), ("pages", 32), ("pages", 64)])
+@pytest.mark.parametrize("way,h_q", [("whole", 32), ("whole", 48), ("whole", 96), ("pages", 32), ("pages", 64)])
 def test_dequant_first(way, h_q, monkeypatch):
     """A call over the fp8_ds_mla cache that runs on a bf16 copy (:func:`dsa.mla.kernel.dequant_first_pays`, forced
     here) through the public ``sparse_mla`` on a paged cache: of the whole cache (one dequantising pass, NaN rows in
@@ -405,7 +405,8 @@ def test_dequant_first(way, h_q, monkeypatch):
     reads (:mod:`dsa.mla.compact`, the copy sized by the rule's bound), bitwise the bf16 call on the reference's
     compacted copy and lists. Both against the reference: invalid entries, an empty row, topk_length, a sink, a
     poisoned ``out``. Then the pages' way again with the copy's values doubled after the read, so that the call over
-    the copy and the one over the cache differ: its results are the copy's."""
+    the copy and the one over the cache differ: its results are the copy's. 96 heads: the call over the copy in two
+    slices, 64 heads and 32 (:func:`dsa.mla.kernel.slice_pays`, from 1 token here)."""
     import dsa.mla.kernel as K
     import dsa.mla_cache.kernel as C
     from dsa.mla.compact import PAGE_ROWS, compact_ref
@@ -422,6 +423,10 @@ def test_dequant_first(way, h_q, monkeypatch):
                         else None)
     monkeypatch.setattr(K, "dequant_first_pays", lambda *a: True)
     monkeypatch.setattr(K, "dequant_first_max_rows", lambda *a: 5 * PAGE_ROWS + 3)
+    monkeypatch.setattr(K, "SLICE_MIN_T", {True: 1, False: 1})
+    slices = []
+    sliced = K._sliced_heads
+    monkeypatch.setattr(K, "_sliced_heads", lambda *a: slices.append(a[1].dtype) or sliced(*a))
     reads, scale = [], [1]
     read = C.fp8_ds_mla_read
 
@@ -439,6 +444,8 @@ def test_dequant_first(way, h_q, monkeypatch):
         copy, lists = compact_ref(ref_mod.flat_kv(kv), idx, tl_)
         assert copy.shape[0] == 3 * PAGE_ROWS
     assert got[0] is out and reads == [S if way == "whole" else 5 * PAGE_ROWS]
+    hopper = K.kernel_sm90 is not None and K.kernel_sm90.supported(q, copy, 64)  # (slices serve the Hopper kernels)
+    assert slices == ([torch.bfloat16] if h_q == 96 and hopper else [])  # (the copy's call; the cache's never)
     same = sparse_mla_triton(q, copy, lists, sm, D_V, sink, tl_)
     for a, b, name in zip(got, same, ("out", "max_logits", "lse")):
         assert torch.equal(a, b), name
