@@ -68,7 +68,8 @@ def main():
             copy, lists, taken = compact(pool, idx, None, bound)
             tried = mla_kernel._dequant_first(q, pool, idx) == "pages"
             chosen = tried and taken.item() == 1
-            fns = {"fp8 cache": lambda: forced_way(None, lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")),
+            fns = {"fp8 cache": lambda: forced_way(None, lambda: sparse_mla(q, pool, idx, sm, out=out,
+                                                                            backend="triton")),
                    "copy alone": lambda: compact(pool, idx, None, bound),
                    "marking alone": lambda: mark_pages(idx, None, pool.shape[0]),
                    "dispatched": lambda: sparse_mla(q, pool, idx, sm, out=out, backend="triton")}

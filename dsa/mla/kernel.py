@@ -545,7 +545,7 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16, 128: 8}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 #: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
-#: pages: 52-80 µs for 1024-4096 x 2048 entries) before the copy, whether it is then taken or not: its size is known
+#: pages: 30-61 µs for 1024-4096 x 2048 entries on an H100; the remap 12-30) before the copy, whether it is then taken or not: its size is known
 #: on the device only, so the copy is allocated at :func:`dequant_first_max_rows` and both the call over it and the
 #: call over the cache are queued, a device flag skipping one (no synchronisation). On an H100 (fifty-fifth session;
 #: topk 2048 over a context of C rows at random pages of a 2M-row pool, do_bench medians, µs, fp8 kernels -> as

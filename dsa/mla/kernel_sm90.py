@@ -1228,7 +1228,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     kernel = _sparse_mla_sm90_kernel[grid](
         q, q.stride(0), q.stride(1), nope, nope.stride(0), scales, stride_scale, rope, rope.stride(0), indices,
         indices.stride(0), len_arg, sink_arg, out, stride_ot, stride_oh, stride_os, ml, lse, *final,
-        lse if skip is None else skip[0], T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len, HAS_SINK=has_sink, SPLIT=split, BH=block_h,
+        lse if skip is None else skip[0], T, h_q, S, topk, split_len, scale_log2, IS_FP8=is_fp8, HAS_LEN=has_len,
+        HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
         LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
