@@ -15,6 +15,7 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dsa import _replay  # noqa: E402
 from dsa.bench import MLA_SHAPES, mla_inputs, mla_run_checked  # noqa: E402
 from dsa.mla import kernel_sm90 as K  # noqa: E402
 from dsa.mla import sparse_mla, sparse_mla_ref  # noqa: E402
@@ -28,6 +29,7 @@ CASES += [(n, *MLA_SHAPES[n]) for n in ("decode_fp8_h16", "prefill_bf16_h16", "p
 
 
 def main():
+    _replay.set_enabled(False)  # (each call decides afresh: this script switches the dispatch between calls)
     saved = K.LAZY_MAX
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     sm = 192 ** -0.5

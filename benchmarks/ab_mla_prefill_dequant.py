@@ -22,13 +22,14 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as mla_kernel  # noqa: E402
-from dsa import dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
+from dsa import _replay, dequantize_fp8_ds_mla, sparse_mla  # noqa: E402
 from dsa.bench import interleaved_us, mla_counts, mla_inputs  # noqa: E402
 
 TOPK = 2048
 
 
 def main():
+    _replay.set_enabled(False)  # (each call decides afresh: this script switches the dispatch between calls)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rounds", type=int, nargs="?", default=3)
     ap.add_argument("heads", type=int, nargs="*", default=[16, 32, 64, 128])

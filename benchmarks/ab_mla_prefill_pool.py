@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dsa.mla.kernel as mla_kernel  # noqa: E402
-from dsa import sparse_mla  # noqa: E402
+from dsa import _replay, sparse_mla  # noqa: E402
 from dsa.bench import MLA_POOL_ROWS, interleaved_us, mla_counts, mla_inputs  # noqa: E402
 from dsa.mla.compact import PAGE_ROWS, compact, mark_pages  # noqa: E402
 
@@ -44,6 +44,7 @@ def host_us(fn, n=20):
 
 
 def main():
+    _replay.set_enabled(False)  # (each call decides afresh: this script switches the dispatch between calls)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--heads", type=int, nargs="+", default=[32, 64, 128])

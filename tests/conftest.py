@@ -81,6 +81,17 @@ def _no_clusters(request, monkeypatch):
         monkeypatch.setattr(kernel, "cluster_size", lambda *args, **kwargs: 0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Each test records its own launch plans (dsa._replay): a plan holds what the dispatch rules decided, and tests
+    patch those rules."""
+    from dsa import _replay
+
+    _replay.clear()
+    yield
+    _replay.clear()
+
+
 @pytest.fixture
 def device():
     return DEVICE

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
+from .. import _replay
 from .. import backend as _backend
 from .._checks import check_same_device, check_tensor
 from ..constants import D_QK, D_V, FP8_DS_MLA_ROW_BYTES
@@ -55,6 +57,11 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         A (t, h) with no valid entry gives ``out = 0``, ``lse = +inf``, ``max_logits = -inf``
         (FlashMLA's convention). fp8 rows are dequantised to bf16 before the products.
 
+    Eager calls on a GPU are replayed: the first call with a signature (shapes, strides, dtypes, devices, 16-byte
+    alignment, which optional tensors are given, ``sm_scale``, the backend) is recorded, and later ones allocate and
+    launch the same compiled kernels directly, without deciding anything again (:mod:`dsa._replay`; ``DSA_PLANS=0``
+    turns this off). The result is bitwise the same.
+
     No host–device synchronisation; CUDA-graph safe for fixed shapes (the split-K path allocates
     its fp32 partials with ``torch.empty``). The work split is chosen inside, and so is whether the index lists
     are first grouped by slot range into a ``[T, topk]`` int32 copy (many tokens over a large cache, for L2
@@ -71,6 +78,14 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
     pages' count stays on the device, where a flag picks the kernels over the copy or those over the cache (both are
     queued; the other returns at once).
     """
+    key = None
+    if type(sm_scale) in (float, int) and isinstance(q, torch.Tensor) and q.is_cuda and _replay.enabled():
+        tk = _replay.tensor_key
+        key = ("sparse_mla", tk(q), tk(kv), tk(indices), sm_scale, d_v, tk(attn_sink), tk(topk_length), tk(out),
+               backend, os.environ.get(_backend.ENV_VAR), _backend.fp8_emulation_forced())
+        plan = _replay.lookup(key)
+        if plan is not None:
+            return plan((q, kv, indices, attn_sink, topk_length, out))
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     T, h_q, d_qk = q.shape
     if d_qk != D_QK:
@@ -107,4 +122,8 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         return o, ml, lse
     from .kernel import sparse_mla_triton
 
-    return sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink, topk_length, out)
+    if key is None:
+        return sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink, topk_length, out)
+    return _replay.record(key, (q, kv, indices, attn_sink, topk_length, out),
+                          lambda: sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink,
+                                                    topk_length, out))

@@ -49,6 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from .. import _replay
 from ..backend import num_sms
 from ..constants import D_QK, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_ROW_BYTES, FP8_DS_MLA_SCALE_OFFSET
 from .epilogue import merge_weights, outputs, row_stats
@@ -662,7 +663,7 @@ def _zero_row(dev) -> torch.Tensor:
     if z is None:
         z = torch.zeros(1024, dtype=torch.uint8, device=dev)
         if not torch.cuda.is_current_stream_capturing():
-            _ZERO[str(dev)] = z
+            _ZERO[str(dev)] = _replay.keep(z)
     return z
 
 

@@ -1,0 +1,336 @@
+"""Launch plans: an op's eager GPU call replayed from a record of its first call with the same signature.
+
+An eager call of an op spends most of its host time deciding what to launch (checks, dispatch rules, launch
+configurations) and in Triton's launch path, which binds and specialises every argument before the launcher runs.
+Whatever an op decides is a function of its arguments' signature: shapes, strides, dtypes, devices, alignment,
+which optional arguments are given and the Python scalars. So the first call with a signature is recorded: every
+tensor it allocates (``torch.empty`` / ``torch.zeros`` and the like, in order) and every kernel it launches (the
+compiled kernel, its grid and its arguments, each pointer as an offset into one of the call's tensors or one of its
+allocations). A later call with the same signature replays that record: the same allocations, and the same compiled
+kernels launched directly through Triton's launcher with the pointers moved to this call's tensors. Nothing is
+decided twice, and the result is bitwise the same as the call's own path.
+
+A call is recorded only where replaying it is exact: a call that runs any other torch operation than an allocation,
+a view or the zero fill of its own allocation (a copy, a reduction, a read back to the host), passes a pointer into
+memory that is neither one of its tensors, one of its allocations nor a registered lasting buffer
+(:func:`keep`), returns anything else than its own tensors or allocations, or launches with a callable grid, is not:
+its signature runs the op's own path every time (:func:`why` says what stopped it). Plans are off under Triton's CPU
+interpreter, where there are no compiled kernels, while a launch hook is set (a profiler), and with ``DSA_PLANS=0``.
+
+A plan holds what the dispatch rules decided. Code that changes them while it runs (tests and A/B scripts patching a
+module's constants) calls :func:`clear` after each change, or turns plans off (:func:`set_enabled`).
+
+Measured (BENCHMARKS.md, fifty-seventh session; host µs per eager decode call with the GPU kept busy, plans off ->
+on): 181-239 -> 43-55 on the H200 machine, where the kernels take 9-35 µs.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+
+import torch
+
+#: plans kept (per process); past this the cache starts over
+MAX_PLANS = 4096
+
+_ALLOC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+          torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default}
+_ZEROS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
+_FILL_ZERO = torch.ops.aten.zero_.default
+
+_PLANS: dict = {}
+_KEPT: dict = {}  # data_ptr -> (tensor, bytes): buffers that live as long as the process
+_LOCK = threading.Lock()
+_LOCAL = threading.local()
+_state = {"enabled": None}
+
+
+def enabled() -> bool:
+    """Whether calls are recorded and replayed: a Triton that compiles (not the interpreter), ``DSA_PLANS`` not
+    ``0`` (read once), and no launch hook set."""
+    on = _state["enabled"]
+    if on is None:
+        from .backend import interpreter_on
+
+        on = _state["enabled"] = os.environ.get("DSA_PLANS", "1") != "0" and not interpreter_on()
+    if not on:
+        return False
+    knobs = _state.get("knobs")
+    if knobs is None:
+        from triton import knobs
+
+        _state["knobs"] = knobs
+    return not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set (Triton 3.6 holds a chain of hooks, empty unless a profiler added one)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def set_enabled(on: bool | None) -> None:
+    """Turn plans on or off for this process (tests and benchmarks compare both ways; ``None``: as
+    :func:`enabled` decides). The plans recorded stay."""
+    _state["enabled"] = None if on is None else bool(on)
+
+
+def clear() -> None:
+    """Forget every plan (tests that change a module's dispatch constants call this, as the plans hold what those
+    constants decided)."""
+    _PLANS.clear()
+
+
+def keep(t: torch.Tensor) -> torch.Tensor:
+    """Register ``t`` as a buffer that lives as long as the process (an op's cached zero row, say): a recorded
+    launch may then take its address as it is. Returns ``t``."""
+    _KEPT[t.data_ptr()] = (t, _span(t))
+    return t
+
+
+def tensor_key(t):
+    """What a plan's signature holds of one tensor argument (``None`` stays ``None``): shape, strides, dtype,
+    device and the address modulo 16 (the launcher specialises pointers on 16-byte alignment)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16
+
+
+def _device() -> int:
+    """The current CUDA device (-1 without CUDA: the unit tests' CPU records)."""
+    from .backend import _cuda_available
+
+    return torch._C._cuda_getDevice() if _cuda_available() else -1
+
+
+def lookup(key):
+    """The plan recorded for ``key`` on the current device: a callable taking the call's tensors (as given to
+    :func:`record`), or ``None`` when there is none yet, or when the signature does not replay."""
+    plan = _PLANS.get((key, _device()))
+    return None if plan is None or isinstance(plan, _NoPlan) else plan
+
+
+def record(key, tensors: tuple, fn):
+    """Run ``fn()`` (the op's own path on validated arguments) and record it as the plan for ``key``. ``tensors``:
+    the call's tensor arguments (``None`` for those not given), in the order a replay receives them. Returns what
+    ``fn`` returns."""
+    device = _device()
+    if (key, device) in _PLANS:  # (a signature that does not replay)
+        return fn()
+    rec = _Recorder(tensors, device)
+    with _LOCK:
+        _LOCAL.recorder = rec
+        try:
+            with _patched_run(), rec:
+                result = fn()
+        finally:
+            _LOCAL.recorder = None
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    plan = rec.plan(result)
+    _PLANS[(key, device)] = plan if plan is not None else _NoPlan(rec.unfit or "returns other tensors")
+    return result
+
+
+class _NoPlan(str):
+    """Why a signature does not replay (what :func:`why` tells)."""
+
+
+def why(key) -> str | None:
+    """Why the signature ``key`` runs the op's own path every time (``None``: it replays, or was not recorded)."""
+    plan = _PLANS.get((key, _device()))
+    return str(plan) if isinstance(plan, _NoPlan) else None
+
+
+def _span(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+class _Unfit(Exception):
+    """The recorded call cannot be replayed exactly."""
+
+
+class _patched_run:
+    """Triton's ``JITFunction.run`` wrapped, while a call is recorded, so that the recording thread's launches are
+    seen with the compiled kernel each one ran."""
+
+    def __enter__(self):
+        from triton.runtime.jit import JITFunction
+
+        self.cls, self.orig = JITFunction, JITFunction.run
+        orig = self.orig
+
+        def run(jit, *args, grid, warmup, **kwargs):
+            kernel = orig(jit, *args, grid=grid, warmup=warmup, **kwargs)
+            rec = getattr(_LOCAL, "recorder", None)
+            if rec is not None and not warmup:
+                rec.launch(jit, grid, args, kwargs, kernel)
+            return kernel
+
+        JITFunction.run = run
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.run = self.orig
+        return False
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Sees every torch operation of the recorded call (allocations, views, anything else) and, through
+    :class:`_patched_run`, its launches."""
+
+    def __init__(self, tensors, device: int):
+        super().__init__()
+        self.tensors, self.device = tensors, device
+        self.allocs = []  # the tensors the call allocated, in order
+        self.events = []  # ("alloc", i, zeroed) / ("zero", i) / ("launch", launcher, function, metadata, grid,
+        #                                                         template, pointers)
+        self.unfit = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.unfit is not None:
+            return out
+        if func in _ALLOC or func in _ZEROS:
+            if not out.is_contiguous():
+                self.unfit = "a strided allocation"
+            self.events.append(("alloc", len(self.allocs), func in _ZEROS))
+            self.allocs.append(out)
+        elif func is _FILL_ZERO and any(_same(args[0], a) for a in self.allocs):
+            self.events.append(("zero", next(i for i, a in enumerate(self.allocs) if _same(args[0], a))))
+        elif not func.is_view:
+            self.unfit = f"runs {func}"
+        return out
+
+    def _source(self, ptr: int):
+        """``(source, offset)`` of a pointer: source ``i`` < the call's tensor count is its tensor ``i``, then its
+        allocations in order; ``None`` with the pointer itself for a kept buffer."""
+        found = []
+        for i, t in enumerate(list(self.tensors) + self.allocs):
+            if t is None or t.data_ptr() in _KEPT:  # (a kept buffer this call allocated: found below)
+                continue
+            base = t.data_ptr()
+            if base <= ptr < base + _span(t):
+                found.append((i, ptr - base))
+        for base, (_, size) in _KEPT.items():
+            if base <= ptr < base + size:
+                found.append((None, ptr))
+        if len(found) != 1:
+            raise _Unfit(f"a pointer into {len(found)} of the call's tensors, allocations and kept buffers")
+        return found[0]
+
+    def launch(self, jit, grid, args, kwargs, kernel):
+        if self.unfit is not None:
+            return
+        try:
+            if callable(grid):
+                raise _Unfit("a callable grid")
+            if kernel is None:
+                raise _Unfit("no compiled kernel")
+            names = [p.name for p in jit.params]
+            bound = dict(zip(names, args))
+            bound.update((k, v) for k, v in kwargs.items() if k in names)
+            for p in jit.params:
+                if p.name not in bound:
+                    if p.default is inspect.Parameter.empty:
+                        raise _Unfit(f"argument {p.name} missing")
+                    bound[p.name] = p.default
+            template, ptrs = [], []
+            for pos, (name, p) in enumerate(zip(names, jit.params)):
+                v = bound[name]
+                if getattr(p, "is_constexpr", False):  # (compiled in; the launcher skips it)
+                    template.append(v)
+                elif isinstance(v, torch.Tensor):
+                    src, off = self._source(v.data_ptr())
+                    template.append(off if src is None else 0)
+                    if src is not None:
+                        ptrs.append((pos, src, off))
+                elif not _plain(v):  # (tuples, tensor descriptors, layouts as runtime arguments)
+                    raise _Unfit(f"argument {name} of type {type(v).__name__}")
+                else:
+                    template.append(v)
+            g = tuple(grid) + (1,) * (3 - len(grid))
+            kernel._init_handles()
+            self.events.append(("launch", kernel.run, kernel.function, kernel.packed_metadata, g, tuple(template),
+                                tuple(ptrs)))
+        except _Unfit as e:
+            self.unfit = str(e)
+
+    def plan(self, result):
+        """The replay of what was recorded, or ``None`` where it would not be exact."""
+        if self.unfit is not None:
+            return None
+        n = len(self.tensors)
+        kept = {i for i, a in enumerate(self.allocs) if a.data_ptr() in _KEPT}
+        allocs = [(tuple(a.shape), a.dtype, a.device) for a in self.allocs]
+        returned = []
+        for r in (result if isinstance(result, tuple) else (result,)):
+            src = next((i for i, t in enumerate(self.tensors) if t is not None and _same(r, t)), None)
+            if src is None:
+                src = next((n + i for i, a in enumerate(self.allocs) if _same(r, a) and i not in kept), None)
+            if src is None:
+                return None
+            returned.append(src)
+        steps = []
+        for ev in self.events:
+            if ev[0] == "alloc":
+                if ev[1] not in kept:
+                    steps.append(("alloc",) + allocs[ev[1]] + (ev[2],))
+                else:
+                    steps.append(("none",))
+            elif ev[0] == "zero":
+                if ev[1] in kept:
+                    return None
+                steps.append(("zero", ev[1]))
+            else:
+                steps.append(ev)
+        return _Plan(n, steps, tuple(returned), isinstance(result, tuple), self.device)
+
+
+def _same(a, b) -> bool:
+    """Whether two tensors are the same view of the same memory (the dispatch mode sees an allocation as another
+    Python object than the one its caller gets)."""
+    return (isinstance(a, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _plain(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str, torch.dtype))
+
+
+class _Plan:
+    """A recorded call: ``plan(tensors)`` allocates as the call did and launches its compiled kernels directly."""
+
+    __slots__ = ("n", "steps", "returned", "as_tuple", "device")
+
+    def __init__(self, n, steps, returned, as_tuple, device):
+        self.n, self.steps, self.returned, self.as_tuple, self.device = n, steps, returned, as_tuple, device
+
+    def __call__(self, tensors):
+        objs = list(tensors)
+        bases = [None if t is None else t.data_ptr() for t in tensors]
+        stream = None
+        for st in self.steps:
+            kind = st[0]
+            if kind == "launch":
+                _, run, function, metadata, g, template, ptrs = st
+                args = list(template)
+                for pos, src, off in ptrs:
+                    args[pos] = bases[src] + off
+                if stream is None:
+                    stream = torch._C._cuda_getCurrentRawStream(self.device) if self.device >= 0 else 0
+                run(g[0], g[1], g[2], stream, function, metadata, None, None, None, *args)
+            elif kind == "alloc":
+                t = (torch.zeros if st[4] else torch.empty)(st[1], dtype=st[2], device=st[3])
+                objs.append(t)
+                bases.append(t.data_ptr())
+            elif kind == "zero":
+                objs[self.n + st[1]].zero_()
+            else:  # a kept buffer the recorded call allocated: not allocated again
+                objs.append(None)
+                bases.append(None)
+        out = tuple(objs[i] for i in self.returned)
+        return out if self.as_tuple else out[0]

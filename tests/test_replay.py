@@ -1,0 +1,249 @@
+"""Launch plans (dsa._replay): a recorded call replayed on other tensors.
+
+On the CPU the recorder runs on CPU tensors with a stand-in kernel, whose launcher receives exactly what a compiled
+kernel's would: the tests check every pointer, scalar, grid and allocation of the replay. On a GPU, eager
+``sparse_mla`` calls replayed from plans are compared bitwise with the same calls with plans off, on fresh tensors
+at other addresses, over each decode path (the bulk kernel, the Hopper kernel with its merge in clusters or in the
+merge kernel, the portable kernel), and inside a CUDA-graph capture."""
+import inspect
+
+import pytest
+import torch
+
+from dsa import _replay
+from tests.conftest import ON_GPU
+
+
+class _Param:
+    def __init__(self, name, default=inspect.Parameter.empty):
+        self.name, self.default = name, default
+
+
+class _Jit:
+    """Stands in for a JIT function: its parameters (``x``, ``y``, ``o``, ``n``, ``scale``, constexpr ``B``)."""
+    params = [_Param("x"), _Param("y"), _Param("o"), _Param("n"), _Param("scale"), _Param("B", 4)]
+
+
+class _Kernel:
+    """Stands in for a compiled kernel: its launcher records what it is given."""
+
+    def __init__(self):
+        self.calls, self.function, self.packed_metadata = [], 1234, (4, 1, 0)
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+def _recorded(tensors, body):
+    """``body(recorder)`` as the recorded call of ``tensors``; returns the plan (or None) and the result."""
+    key = ("test", tuple(_replay.tensor_key(t) for t in tensors))
+
+    def fn():
+        return body(_replay._LOCAL.recorder)
+    result = _replay.record(key, tensors, fn)
+    return _replay.lookup(key), result
+
+
+def _call(kernel, rec, x, y, out, n=8, grid=(3, 2), **kw):
+    """What an op's path does: an allocation, a zeroed one, views of its tensors, one launch."""
+    part = torch.empty(5, 7, dtype=torch.float32)
+    counters = torch.zeros(6, dtype=torch.int32)
+    ml = torch.empty(4, dtype=torch.float32)
+    rec.launch(_Jit, grid, (x[1:], y.view(torch.uint8)[:, 4:], part, n, 0.5), dict(num_warps=4, **kw), kernel)
+    rec.launch(_Jit, (9,), (counters, ml, out, n + 1, 2.0), dict(B=8), kernel)
+    return out, ml, counters
+
+
+def test_replay_moves_every_pointer_and_repeats_the_allocations():
+    kernel = _Kernel()
+    x, y, out = torch.randn(6, 3), torch.randn(4, 8), torch.empty(2, 2)
+    plan, (o1, ml1, c1) = _recorded((x, y, out, None), lambda rec: _call(kernel, rec, x, y, out))
+    assert plan is not None and o1 is out
+    assert len(kernel.calls) == 0  # (the stand-in's launches were only recorded)
+    x2, y2, out2 = torch.randn(6, 3), torch.randn(4, 8), torch.empty(2, 2)
+    c1.fill_(5)  # the recorded call's buffers are not reused
+    o2, ml2, c2 = plan((x2, y2, out2, None))
+    assert o2 is out2 and ml2.shape == (4,) and ml2.dtype == torch.float32 and c2.dtype == torch.int32
+    assert c2.shape == (6,) and (c2 == 0).all() and c2.data_ptr() != c1.data_ptr()
+    (g1, g2, g3, stream, fn, meta, lm, h1, h2, *a1), (b1, b2, b3, _, _, _, _, _, _, *a2) = kernel.calls
+    assert (g1, g2, g3, fn, meta, lm, h1, h2) == (3, 2, 1, 1234, (4, 1, 0), None, None, None) and stream == 0
+    assert (b1, b2, b3) == (9, 1, 1)
+    assert a1[0] == x2.data_ptr() + x2.stride(0) * 4 and a1[1] == y2.data_ptr() + 4
+    assert a1[2] not in (x2.data_ptr(), y2.data_ptr()) and a1[3:] == [8, 0.5, 4]  # (the constexpr's default)
+    assert a2 == [c2.data_ptr(), ml2.data_ptr(), out2.data_ptr(), 9, 2.0, 8]
+
+
+def test_kept_buffer_keeps_its_address():
+    kernel = _Kernel()
+    zero = _replay.keep(torch.zeros(16, dtype=torch.uint8))
+    x = torch.randn(4)
+
+    def body(rec):
+        rec.launch(_Jit, (1,), (x, zero[8:], x, 1, 1.0), {}, kernel)
+        return x
+    plan, _ = _recorded((x,), body)
+    x2 = torch.randn(4)
+    assert plan((x2,)) is x2
+    assert kernel.calls[0][9:12] == (x2.data_ptr(), zero.data_ptr() + 8, x2.data_ptr())
+
+
+_POINTER = "a pointer into {} of the call's tensors, allocations and kept buffers"
+_WHY = {"copy": "runs aten.copy_.default", "foreign pointer": _POINTER.format(0),
+        "aliased tensors": _POINTER.format(2), "callable grid": "a callable grid", "view returned": "returns other tensors"}
+
+
+@pytest.mark.parametrize("case", ["copy", "foreign pointer", "aliased tensors", "callable grid", "view returned"])
+def test_calls_that_would_not_replay_exactly_get_no_plan(case):
+    kernel = _Kernel()
+    x, y = torch.randn(8, 4), torch.randn(3)
+    tensors = (x, x[2:] if case == "aliased tensors" else y)
+    stranger = torch.randn(5)
+
+    def body(rec):
+        o = torch.empty(3)
+        if case == "copy":
+            o.copy_(y)
+        ptr = stranger if case == "foreign pointer" else (x[3:] if case == "aliased tensors" else y)
+        grid = (lambda meta: (1,)) if case == "callable grid" else (1,)
+        rec.launch(_Jit, grid, (x, ptr, o, 2, 1.0), {}, kernel)
+        return o[1:] if case == "view returned" else o
+    plan, result = _recorded(tensors, body)
+    assert plan is None and isinstance(result, torch.Tensor)
+    why = _replay.why(("test", tuple(_replay.tensor_key(t) for t in tensors)))
+    assert why == _WHY[case], why
+
+
+def test_plans_are_off_under_the_interpreter_and_with_a_launch_hook():
+    from triton import knobs
+
+    from dsa.backend import interpreter_on
+
+    if interpreter_on():
+        assert not _replay.enabled()
+    try:
+        _replay.set_enabled(False)
+        assert not _replay.enabled()
+        _replay.set_enabled(True)
+        assert _replay.enabled()
+        hook = lambda metadata: None  # noqa: E731  (a profiler's)
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            assert not _replay.enabled()
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        assert _replay.enabled()
+    finally:
+        _replay.set_enabled(None)
+
+
+# ---------------------------------------------------------------- GPU: sparse_mla replayed against its own path
+
+DECODE = [  # (cache format, h_q, batch, topk): the bulk kernel, the Hopper kernel (clusters / merge kernel), ...
+    ("fp8_ds_mla", 16, 64, 2048),
+    ("fp8_ds_mla", 32, 64, 2048),
+    ("bf16", 16, 32, 2048),
+    ("fp8_ds_mla", 128, 1, 2048),
+    ("bf16", 64, 4, 576),
+    ("fp8_ds_mla", 8, 3, 100),
+    ("bf16", 24, 5, 333),
+]
+
+
+def _inputs(fmt, h, B, topk, seed, with_extras):
+    from dsa.bench import mla_inputs
+
+    q, kv, idx = mla_inputs(B, h, topk, B, 4096, fmt, dev="cuda", seed=seed)[:3]
+    kv = kv.reshape(-1, kv.shape[-1])
+    g = torch.Generator(device="cuda").manual_seed(seed + 7)
+    idx[:, ::7] = -1
+    idx[:, 3::11] = kv.shape[0] + 5
+    sink = torch.randn(h, device="cuda", generator=g) if with_extras else None
+    lens = torch.randint(0, topk + 1, (B,), device="cuda", generator=g).to(torch.int32) if with_extras else None
+    return q, kv, idx, sink, lens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,h,B,topk", DECODE)
+@pytest.mark.parametrize("extras", [False, True])
+@pytest.mark.parametrize("give_out", [False, True])
+def test_gpu_sparse_mla_replayed_matches_its_own_path(fmt, h, B, topk, extras, give_out):
+    from triton.runtime.jit import JITFunction
+
+    from dsa import sparse_mla
+
+    sm = 576 ** -0.5
+    runs, alive = [], []
+    for seed in (1, 2, 3):
+        q, kv, idx, sink, lens = _inputs(fmt, h, B, topk, seed, extras)
+        alive.append((q, kv, idx, sink, lens))  # (each call's tensors at addresses of their own)
+        out = torch.full((B, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda") if give_out else None
+        _replay.set_enabled(False)
+        want = [t.clone() for t in sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)]
+        _replay.set_enabled(None)
+        if out is not None:
+            out.fill_(float("nan"))
+        if seed == 1:  # recorded
+            got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)
+        else:  # replayed: nothing goes through Triton's JIT
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(JITFunction, "run", lambda *a, **k: pytest.fail(
+                    f"launched through the JIT: {[_replay.why(k) for k, _ in _replay._PLANS]}"))
+                got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)
+        runs.append((want, got, out))
+    assert len(_replay._PLANS) == 1
+    key = next(iter(_replay._PLANS))[0]
+    assert _replay.lookup(key) is not None, f"no plan: {_replay.why(key)}"
+    for want, got, out in runs:
+        if out is not None:
+            assert got[0] is out
+        for w, g in zip(want, got):
+            assert torch.equal(w, g)
+
+
+@pytest.mark.gpu
+def test_gpu_sparse_mla_replayed_inside_a_graph():
+    from dsa import sparse_mla
+
+    sm = 0.07
+    q, kv, idx, sink, lens = _inputs("fp8_ds_mla", 32, 16, 2048, 4, True)
+    want = [t.clone() for t in sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens)]  # recorded
+    assert _replay._PLANS and all(_replay.lookup(k) is not None for k, _ in _replay._PLANS)
+    out = torch.empty(16, 32, 512, dtype=torch.bfloat16, device="cuda")
+    sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)  # recorded (with out)
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
+@pytest.mark.gpu
+def test_gpu_sparse_mla_sliced_heads_runs_its_own_path(monkeypatch):
+    """Over 64 heads in slices the call copies each slice's max_logits and lse into its own: no plan; every call
+    takes the op's path, whose results stay those of the call with plans off."""
+    from dsa import sparse_mla
+    from dsa.mla import kernel as K
+
+    if K.kernel_sm90 is None or not torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("the sliced heads serve Hopper")
+    sm = 576 ** -0.5
+    q, kv, idx, sink, lens = _inputs("bf16", 96, 8, 512, 5, False)
+    monkeypatch.setattr(K, "SLICE_MIN_T", {True: 1, False: 1})
+    _replay.set_enabled(False)
+    want = sparse_mla(q, kv, idx, sm)
+    _replay.set_enabled(None)
+    for _ in range(2):
+        got = sparse_mla(q, kv, idx, sm)
+        for w, g in zip(want, got):
+            assert torch.equal(w, g)
+    assert _replay._PLANS and all("runs aten.copy_" in _replay.why(k) for k, _ in _replay._PLANS)
