@@ -25,14 +25,21 @@ on): 181-239 -> 43-55 on the H200 machine, where the kernels take 9-35 µs.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
 
 import torch
 
+from . import backend as _backend
+
 #: plans kept (per process); past this the cache starts over
 MAX_PLANS = 4096
+#: signatures recorded per op (per process, :func:`planned`); past this the op's new signatures run it as it is: a
+#: recording costs more than a plain call, and an argument that changes at every call (a growing length, say)
+#: would be recorded every time
+MAX_SIGNATURES_PER_OP = 256
 
 _ALLOC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
           torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default}
@@ -40,6 +47,7 @@ _ZEROS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch
 _FILL_ZERO = torch.ops.aten.zero_.default
 
 _PLANS: dict = {}
+_RECORDED: dict = {}  # op -> signatures recorded
 _KEPT: dict = {}  # data_ptr -> (tensor, bytes): buffers that live as long as the process
 _LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -51,9 +59,7 @@ def enabled() -> bool:
     ``0`` (read once), and no launch hook set."""
     on = _state["enabled"]
     if on is None:
-        from .backend import interpreter_on
-
-        on = _state["enabled"] = os.environ.get("DSA_PLANS", "1") != "0" and not interpreter_on()
+        on = _state["enabled"] = os.environ.get("DSA_PLANS", "1") != "0" and not _backend.interpreter_on()
     if not on:
         return False
     knobs = _state.get("knobs")
@@ -79,6 +85,7 @@ def clear() -> None:
     """Forget every plan (tests that change a module's dispatch constants call this, as the plans hold what those
     constants decided)."""
     _PLANS.clear()
+    _RECORDED.clear()
 
 
 def keep(t: torch.Tensor) -> torch.Tensor:
@@ -98,9 +105,7 @@ def tensor_key(t):
 
 def _device() -> int:
     """The current CUDA device (-1 without CUDA: the unit tests' CPU records)."""
-    from .backend import _cuda_available
-
-    return torch._C._cuda_getDevice() if _cuda_available() else -1
+    return torch._C._cuda_getDevice() if _backend._cuda_available() else -1
 
 
 def lookup(key):
@@ -140,6 +145,53 @@ def why(key) -> str | None:
     """Why the signature ``key`` runs the op's own path every time (``None``: it replays, or was not recorded)."""
     plan = _PLANS.get((key, _device()))
     return str(plan) if isinstance(plan, _NoPlan) else None
+
+
+def planned(op):
+    """Decorate a public op: its eager calls on a GPU are recorded per signature and replayed (see the module's
+    docstring). The signature holds each tensor argument's :func:`tensor_key`, every other argument's type and value,
+    and the environment variables that change what an op runs (:data:`dsa.backend.DISPATCH_ENV`). A call whose
+    arguments do not hash, or whose first tensor is not on a CUDA device, runs the op as it is."""
+
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        if not enabled():
+            return op(*args, **kwargs)
+        tensors = []
+        try:
+            key = (op, tuple(_arg_key(a, tensors) for a in args),
+                   tuple((k, _arg_key(v, tensors)) for k, v in sorted(kwargs.items())),
+                   tuple(os.environ.get(v) for v in _backend.DISPATCH_ENV))
+            if not tensors or not _on_gpu(tensors[0]):
+                return op(*args, **kwargs)
+            plan = lookup(key)
+        except TypeError:  # (an argument that does not hash: the op's checks say what is wrong with it)
+            return op(*args, **kwargs)
+        if plan is not None:
+            return plan(tensors)
+        if _RECORDED.get(op, 0) >= MAX_SIGNATURES_PER_OP:  # (an argument that changes every call: record no more)
+            return op(*args, **kwargs)
+        _RECORDED[op] = _RECORDED.get(op, 0) + 1
+        return record(key, tuple(tensors), lambda: op(*args, **kwargs))
+
+    call.unplanned = op
+    return call
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    """Whether a call with first tensor ``t`` is planned (its tensors on a CUDA device)."""
+    return t.is_cuda
+
+
+def _arg_key(a, tensors: list):
+    """One argument's part of a signature; its tensors appended to ``tensors``, in order."""
+    if isinstance(a, torch.Tensor):
+        tensors.append(a)
+        return tensor_key(a)
+    if isinstance(a, (tuple, list)):
+        return type(a), tuple(_arg_key(x, tensors) for x in a)
+    hash(a)
+    return type(a), a
 
 
 def _span(t: torch.Tensor) -> int:
@@ -267,7 +319,7 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         kept = {i for i, a in enumerate(self.allocs) if a.data_ptr() in _KEPT}
         allocs = [(tuple(a.shape), a.dtype, a.device) for a in self.allocs]
         returned = []
-        for r in (result if isinstance(result, tuple) else (result,)):
+        for r in (result if isinstance(result, tuple) else () if result is None else (result,)):
             src = next((i for i, t in enumerate(self.tensors) if t is not None and _same(r, t)), None)
             if src is None:
                 src = next((n + i for i, a in enumerate(self.allocs) if _same(r, a) and i not in kept), None)
@@ -333,4 +385,4 @@ class _Plan:
                 objs.append(None)
                 bases.append(None)
         out = tuple(objs[i] for i in self.returned)
-        return out if self.as_tuple else out[0]
+        return out if self.as_tuple else out[0] if out else None

@@ -134,6 +134,9 @@ def _arch_has_e4m3(arch: int) -> bool:
 #: kernels serve Hopper GPUs too. ``DSA_GLUON=1`` takes the Gluon kernels anyway, ``DSA_GLUON=0`` never.
 GLUON_TRITON = "3.6."
 GLUON_ENV = "DSA_GLUON"
+#: the environment variables that change which kernels an op launches (part of a launch plan's signature,
+#: :func:`dsa._replay.planned`)
+DISPATCH_ENV = (ENV_VAR, FP8_EMULATION_ENV, GLUON_ENV)
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dsa import _replay
-from tests.conftest import ON_GPU
 
 
 class _Param:
@@ -139,6 +138,78 @@ def test_plans_are_off_under_the_interpreter_and_with_a_launch_hook():
         _replay.set_enabled(None)
 
 
+def test_planned_signatures(monkeypatch):
+    """What a planned op's signature holds: a bool is not the int 1; an argument that does not hash runs the op as it
+    is; past :data:`~dsa._replay.MAX_SIGNATURES_PER_OP` new signatures run it unrecorded."""
+    kernel, calls = _Kernel(), []
+
+    def op(x, n, extra=None):
+        calls.append(n)
+        o = torch.empty(4)
+        rec = getattr(_replay._LOCAL, "recorder", None)
+        if rec is not None:
+            rec.launch(_Jit, (1,), (x, x, o, 1, 1.0), {}, kernel)
+        return o
+
+    planned = _replay.planned(op)
+    monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(_replay, "MAX_SIGNATURES_PER_OP", 2)
+    _replay.set_enabled(True)
+    try:
+        x = torch.randn(4)
+        planned(x, 1)
+        planned(x, 1)  # replayed
+        planned(x, True)  # another signature
+        assert calls == [1, True] and len(kernel.calls) == 1
+        planned(x, 3)
+        planned(x, 3)  # (the cap: neither recorded)
+        assert calls == [1, True, 3, 3] and _replay._RECORDED[op] == 2
+        planned(x, 1, extra={"a": 1})  # (does not hash)
+        assert calls[-1] == 1 and len(calls) == 5 and len(_replay._PLANS) == 2
+    finally:
+        _replay.set_enabled(None)
+
+
+def test_sparse_mla_wrapper_records_only_what_replays(monkeypatch):
+    """The public wrapper's own path (checks, views, dispatch) with its kernels stood in for: recorded once, then
+    replayed on fresh tensors without running the wrapper again; a call with another signature (here ``sm_scale``
+    given as a bool, or q of another dtype) takes the wrapper's path and its checks."""
+    from dsa import sparse_mla
+    from dsa.mla import kernel as K
+    from dsa.mla.epilogue import outputs
+
+    kernel, ran = _Kernel(), []
+
+    def stub(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out):
+        ran.append(kv.shape)
+        res = outputs(q.shape[0], q.shape[1], d_v, q.device, out)
+        _replay._LOCAL.recorder.launch(_Jit, (q.shape[0],), (q, kv[:, 512:], indices, 7, sm_scale), {}, kernel)
+        return res
+
+    monkeypatch.setattr(K, "sparse_mla_triton", stub)
+    monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
+    _replay.set_enabled(True)
+    try:
+        def inputs():
+            q = torch.randn(3, 16, 576).to(torch.bfloat16)
+            kv = torch.randn(2, 64, 576).to(torch.bfloat16)  # (paged: the wrapper flattens it)
+            return q, kv, torch.randint(0, 128, (3, 32), dtype=torch.int32), torch.empty(3, 16, 512,
+                                                                                          dtype=torch.bfloat16)
+        q, kv, idx, out = inputs()
+        sparse_mla(q, kv, idx, 0.5, out=out)
+        assert ran == [(128, 576)] and len(_replay._PLANS) == 1
+        q2, kv2, idx2, out2 = inputs()
+        o, ml, lse = sparse_mla(q2, kv2, idx2, 0.5, out=out2)
+        assert ran == [(128, 576)] and o is out2 and ml.shape == lse.shape == (3, 16) and ml.dtype == torch.float32
+        assert kernel.calls[0][9:14] == (q2.data_ptr(), kv2.data_ptr() + 1024, idx2.data_ptr(), 7, 0.5)
+        with pytest.raises(TypeError, match="sm_scale"):
+            sparse_mla(q2, kv2, idx2, True, out=out2)
+        with pytest.raises(TypeError, match="q: expected dtype bfloat16"):
+            sparse_mla(q2.float(), kv2, idx2, 0.5, out=out2)
+    finally:
+        _replay.set_enabled(None)
+
+
 # ---------------------------------------------------------------- GPU: sparse_mla replayed against its own path
 
 DECODE = [  # (cache format, h_q, batch, topk): the bulk kernel, the Hopper kernel (clusters / merge kernel), ...
@@ -193,9 +264,9 @@ def test_gpu_sparse_mla_replayed_matches_its_own_path(fmt, h, B, topk, extras, g
                     f"launched through the JIT: {[_replay.why(k) for k, _ in _replay._PLANS]}"))
                 got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=lens, out=out)
         runs.append((want, got, out))
-    assert len(_replay._PLANS) == 1
-    key = next(iter(_replay._PLANS))[0]
-    assert _replay.lookup(key) is not None, f"no plan: {_replay.why(key)}"
+    keys = [k for k, _ in _replay._PLANS if k[0] is sparse_mla.unplanned]
+    assert len(keys) == 1
+    assert _replay.lookup(keys[0]) is not None, f"no plan: {_replay.why(keys[0])}"
     for want, got, out in runs:
         if out is not None:
             assert got[0] is out
@@ -247,3 +318,35 @@ def test_gpu_sparse_mla_sliced_heads_runs_its_own_path(monkeypatch):
         for w, g in zip(want, got):
             assert torch.equal(w, g)
     assert _replay._PLANS and all("runs aten.copy_" in _replay.why(k) for k, _ in _replay._PLANS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("indexer", ["fp8", "bf16"])
+def test_gpu_engine_eager_steps_replayed_match_plans_off(indexer):
+    """The engine's eager steps (decode as the fixed-shape step of the CUDA-graph path, run eagerly: one signature
+    step after step) give the same tokens with plans on as with plans off, and sparse_mla's calls replay. Prints
+    which planned ops replay (and why the others do not)."""
+    from dsa.engine import Engine, EngineConfig
+    from dsa.model.tiny import random_model, tiny_config
+
+    m = random_model(tiny_config(num_hidden_layers=2), seed=0).to("cuda")
+    m.set_options(indexer_dtype=indexer, kv_format="fp8_ds_mla" if indexer == "fp8" else "bf16")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 512, (n,), generator=g).tolist() for n in (300, 45, 9, 700)]
+    outs = {}
+    for plans in (False, None):
+        _replay.clear()
+        _replay.set_enabled(plans)
+        eng = Engine(m, EngineConfig(ignore_eos=True, block_size=64, num_blocks=64, max_num_batched_tokens=256,
+                                     max_num_seqs=4, max_prefill_chunk=100, cuda_graph="static"))
+        for i, p in enumerate(prompts):
+            eng.add_request(p, 12, arrival_step=2 * i)
+        outs[plans] = [r.output for r in eng.run()]
+    _replay.set_enabled(None)
+    assert outs[None] == outs[False]
+    status = {}
+    for (key, _), plan in _replay._PLANS.items():
+        status.setdefault(key[0].__name__, set()).add("replays" if _replay.lookup(key) is not None
+                                                       else _replay.why(key))
+    print(f"\nREPLAY STATUS {indexer}: {status}")
+    assert status.get("sparse_mla") == {"replays"}, status

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -32,6 +31,7 @@ def _check_kv(kv) -> None:
         raise ValueError(f"kv: expected a contiguous tensor, got strides {kv.stride()}")
 
 
+@_replay.planned
 def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=None, out=None, *, backend=None):
     """Sparse MLA attention of each query token over its own list of cache slots.
 
@@ -58,8 +58,8 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         (FlashMLA's convention). fp8 rows are dequantised to bf16 before the products.
 
     Eager calls on a GPU are replayed: the first call with a signature (shapes, strides, dtypes, devices, 16-byte
-    alignment, which optional tensors are given, ``sm_scale``, the backend) is recorded, and later ones allocate and
-    launch the same compiled kernels directly, without deciding anything again (:mod:`dsa._replay`; ``DSA_PLANS=0``
+    alignment, the other arguments, the backend) is recorded, and later ones allocate and launch the same compiled
+    kernels directly, without checking or deciding anything again (:func:`dsa._replay.planned`; ``DSA_PLANS=0``
     turns this off). The result is bitwise the same.
 
     No host–device synchronisation; CUDA-graph safe for fixed shapes (the split-K path allocates
@@ -78,14 +78,6 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
     pages' count stays on the device, where a flag picks the kernels over the copy or those over the cache (both are
     queued; the other returns at once).
     """
-    key = None
-    if type(sm_scale) in (float, int) and isinstance(q, torch.Tensor) and q.is_cuda and _replay.enabled():
-        tk = _replay.tensor_key
-        key = ("sparse_mla", tk(q), tk(kv), tk(indices), sm_scale, d_v, tk(attn_sink), tk(topk_length), tk(out),
-               backend, os.environ.get(_backend.ENV_VAR), _backend.fp8_emulation_forced())
-        plan = _replay.lookup(key)
-        if plan is not None:
-            return plan((q, kv, indices, attn_sink, topk_length, out))
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
     T, h_q, d_qk = q.shape
     if d_qk != D_QK:
@@ -122,8 +114,4 @@ def sparse_mla(q, kv, indices, sm_scale, d_v=D_V, attn_sink=None, topk_length=No
         return o, ml, lse
     from .kernel import sparse_mla_triton
 
-    if key is None:
-        return sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink, topk_length, out)
-    return _replay.record(key, (q, kv, indices, attn_sink, topk_length, out),
-                          lambda: sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink,
-                                                    topk_length, out))
+    return sparse_mla_triton(q, kv_flat, indices, float(sm_scale), d_v, attn_sink, topk_length, out)
