@@ -115,13 +115,15 @@ def lookup(key):
     return None if plan is None or isinstance(plan, _NoPlan) else plan
 
 
-def record(key, tensors: tuple, fn):
-    """Run ``fn()`` (the op's own path on validated arguments) and record it as the plan for ``key``. ``tensors``:
-    the call's tensor arguments (``None`` for those not given), in the order a replay receives them. Returns what
-    ``fn`` returns."""
+def record(key, tensors: tuple, fn, op=None):
+    """Run ``fn()`` (the op's own path) and record it as the plan for ``key``. ``tensors``: the call's tensor
+    arguments (``None`` for those not given), in the order a replay receives them; ``op``: whose signatures count
+    towards :data:`MAX_SIGNATURES_PER_OP`. Returns what ``fn`` returns. A signature recorded before (one that does not
+    replay), or one past the count, only runs ``fn()``."""
     device = _device()
-    if (key, device) in _PLANS:  # (a signature that does not replay)
+    if (key, device) in _PLANS or _RECORDED.get(op, 0) >= MAX_SIGNATURES_PER_OP:
         return fn()
+    _RECORDED[op] = _RECORDED.get(op, 0) + 1
     rec = _Recorder(tensors, device)
     with _LOCK:
         _LOCAL.recorder = rec
@@ -169,10 +171,7 @@ def planned(op):
             return op(*args, **kwargs)
         if plan is not None:
             return plan(tensors)
-        if _RECORDED.get(op, 0) >= MAX_SIGNATURES_PER_OP:  # (an argument that changes every call: record no more)
-            return op(*args, **kwargs)
-        _RECORDED[op] = _RECORDED.get(op, 0) + 1
-        return record(key, tuple(tensors), lambda: op(*args, **kwargs))
+        return record(key, tuple(tensors), lambda: op(*args, **kwargs), op)
 
     call.unplanned = op
     return call

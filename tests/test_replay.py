@@ -146,6 +146,8 @@ def test_planned_signatures(monkeypatch):
     def op(x, n, extra=None):
         calls.append(n)
         o = torch.empty(4)
+        if extra == "copy":
+            o.copy_(x)
         rec = getattr(_replay._LOCAL, "recorder", None)
         if rec is not None:
             rec.launch(_Jit, (1,), (x, x, o, 1, 1.0), {}, kernel)
@@ -153,7 +155,7 @@ def test_planned_signatures(monkeypatch):
 
     planned = _replay.planned(op)
     monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
-    monkeypatch.setattr(_replay, "MAX_SIGNATURES_PER_OP", 2)
+    monkeypatch.setattr(_replay, "MAX_SIGNATURES_PER_OP", 3)
     _replay.set_enabled(True)
     try:
         x = torch.randn(4)
@@ -161,11 +163,14 @@ def test_planned_signatures(monkeypatch):
         planned(x, 1)  # replayed
         planned(x, True)  # another signature
         assert calls == [1, True] and len(kernel.calls) == 1
+        for _ in range(3):  # recorded once, as not replaying
+            planned(x, 2, extra="copy")
+        assert calls[2:] == [2, 2, 2] and _replay._RECORDED[op] == 3 and len(kernel.calls) == 1
         planned(x, 3)
-        planned(x, 3)  # (the cap: neither recorded)
-        assert calls == [1, True, 3, 3] and _replay._RECORDED[op] == 2
+        planned(x, 3)  # (past the count: neither recorded)
+        assert calls[5:] == [3, 3] and _replay._RECORDED[op] == 3 and len(_replay._PLANS) == 3
         planned(x, 1, extra={"a": 1})  # (does not hash)
-        assert calls[-1] == 1 and len(calls) == 5 and len(_replay._PLANS) == 2
+        assert calls[-1] == 1 and len(calls) == 8 and len(_replay._PLANS) == 3
     finally:
         _replay.set_enabled(None)
 
