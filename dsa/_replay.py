@@ -36,10 +36,10 @@ from . import backend as _backend
 
 #: plans kept (per process); past this the cache starts over
 MAX_PLANS = 4096
-#: signatures recorded per op (per process, :func:`planned`); past this the op's new signatures run it as it is: a
-#: recording costs more than a plain call, and an argument that changes at every call (a growing length, say)
-#: would be recorded every time
-MAX_SIGNATURES_PER_OP = 256
+#: signatures an op records (:func:`planned`) before its new ones are recorded only while its plans are replayed at
+#: least as often as it records: a recording costs more than a plain call, and an argument that changes at every call
+#: (a growing length, say) would otherwise be recorded every time and never replayed
+RECORD_FREELY = 64
 
 _ALLOC = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
           torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default}
@@ -48,6 +48,7 @@ _FILL_ZERO = torch.ops.aten.zero_.default
 
 _PLANS: dict = {}
 _RECORDED: dict = {}  # op -> signatures recorded
+_REPLAYED: dict = {}  # op -> calls replayed
 _KEPT: dict = {}  # data_ptr -> (tensor, bytes): buffers that live as long as the process
 _LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -86,6 +87,7 @@ def clear() -> None:
     constants decided)."""
     _PLANS.clear()
     _RECORDED.clear()
+    _REPLAYED.clear()
 
 
 def keep(t: torch.Tensor) -> torch.Tensor:
@@ -117,13 +119,14 @@ def lookup(key):
 
 def record(key, tensors: tuple, fn, op=None):
     """Run ``fn()`` (the op's own path) and record it as the plan for ``key``. ``tensors``: the call's tensor
-    arguments (``None`` for those not given), in the order a replay receives them; ``op``: whose signatures count
-    towards :data:`MAX_SIGNATURES_PER_OP`. Returns what ``fn`` returns. A signature recorded before (one that does not
-    replay), or one past the count, only runs ``fn()``."""
+    arguments (``None`` for those not given), in the order a replay receives them; ``op``: the op recording (see
+    :data:`RECORD_FREELY`). Returns what ``fn`` returns. A signature recorded before (one that does not replay), or
+    one the op does not record now, only runs ``fn()``."""
     device = _device()
-    if (key, device) in _PLANS or _RECORDED.get(op, 0) >= MAX_SIGNATURES_PER_OP:
+    n = _RECORDED.get(op, 0)
+    if (key, device) in _PLANS or (n >= RECORD_FREELY and _REPLAYED.get(op, 0) < n):
         return fn()
-    _RECORDED[op] = _RECORDED.get(op, 0) + 1
+    _RECORDED[op] = n + 1
     rec = _Recorder(tensors, device)
     with _LOCK:
         _LOCAL.recorder = rec
@@ -153,11 +156,12 @@ def planned(op):
     """Decorate a public op: its eager calls on a GPU are recorded per signature and replayed (see the module's
     docstring). The signature holds each tensor argument's :func:`tensor_key`, every other argument's type and value,
     and the environment variables that change what an op runs (:data:`dsa.backend.DISPATCH_ENV`). A call whose
-    arguments do not hash, or whose first tensor is not on a CUDA device, runs the op as it is."""
+    arguments do not hash, whose first tensor is not on a CUDA device, or that ``torch.compile`` traces, runs the op
+    as it is; so does a new signature where :data:`RECORD_FREELY` says not to record it."""
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        if not enabled():
+        if not enabled() or torch.compiler.is_compiling():  # (traced by torch.compile: the op as it is)
             return op(*args, **kwargs)
         tensors = []
         try:
@@ -170,6 +174,7 @@ def planned(op):
         except TypeError:  # (an argument that does not hash: the op's checks say what is wrong with it)
             return op(*args, **kwargs)
         if plan is not None:
+            _REPLAYED[op] = _REPLAYED.get(op, 0) + 1
             return plan(tensors)
         return record(key, tuple(tensors), lambda: op(*args, **kwargs), op)
 

@@ -139,8 +139,9 @@ def test_plans_are_off_under_the_interpreter_and_with_a_launch_hook():
 
 
 def test_planned_signatures(monkeypatch):
-    """What a planned op's signature holds: a bool is not the int 1; an argument that does not hash runs the op as it
-    is; past :data:`~dsa._replay.MAX_SIGNATURES_PER_OP` new signatures run it unrecorded."""
+    """What a planned op's signature holds (a bool is not the int 1; an argument that does not hash runs the op as
+    it is), and when new signatures are recorded: past :data:`~dsa._replay.RECORD_FREELY` recordings, only while
+    the op's plans are replayed at least as often as it records."""
     kernel, calls = _Kernel(), []
 
     def op(x, n, extra=None):
@@ -155,7 +156,7 @@ def test_planned_signatures(monkeypatch):
 
     planned = _replay.planned(op)
     monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
-    monkeypatch.setattr(_replay, "MAX_SIGNATURES_PER_OP", 3)
+    monkeypatch.setattr(_replay, "RECORD_FREELY", 3)
     _replay.set_enabled(True)
     try:
         x = torch.randn(4)
@@ -165,12 +166,20 @@ def test_planned_signatures(monkeypatch):
         assert calls == [1, True] and len(kernel.calls) == 1
         for _ in range(3):  # recorded once, as not replaying
             planned(x, 2, extra="copy")
-        assert calls[2:] == [2, 2, 2] and _replay._RECORDED[op] == 3 and len(kernel.calls) == 1
+        assert calls[2:] == [2, 2, 2] and _replay._RECORDED[op] == 3 and _replay._REPLAYED[op] == 1
         planned(x, 3)
-        planned(x, 3)  # (past the count: neither recorded)
-        assert calls[5:] == [3, 3] and _replay._RECORDED[op] == 3 and len(_replay._PLANS) == 3
+        planned(x, 3)  # (3 recorded, 1 replayed: neither recorded)
+        assert calls[5:] == [3, 3] and len(_replay._PLANS) == 3 and len(kernel.calls) == 1
+        for _ in range(2):
+            planned(x, 1)  # replayed: 3 now
+        planned(x, 3)  # recorded
+        planned(x, 3)  # replayed
+        assert calls[7:] == [3] and _replay._RECORDED[op] == 4 and len(kernel.calls) == 4
         planned(x, 1, extra={"a": 1})  # (does not hash)
-        assert calls[-1] == 1 and len(calls) == 8 and len(_replay._PLANS) == 3
+        assert calls[-1] == 1 and len(calls) == 9 and len(_replay._PLANS) == 4
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        planned(x, 1)  # (traced by torch.compile: the op itself)
+        assert calls[-1] == 1 and len(calls) == 10 and len(kernel.calls) == 4
     finally:
         _replay.set_enabled(None)
 
