@@ -15,15 +15,18 @@
 #   5. the SM clock and board power while the machine-dependent goal kernels run back to back
 #      (benchmarks/power_probe.py: every kernel here runs at the 700 W cap, so the clock varies by machine),
 #   6. small-head decode at the defaults (h_q 16/32, both formats, batch 1-128; CUDA graphs), the rows of
-#      the sparse-MLA goal that asks for 70% of the bandwidth floor.
-# STAGES picks a subset, space-separated (default: all): tests run bench power decode.
+#      the sparse-MLA goal that asks for 70% of the bandwidth floor,
+#   7. eager calls replayed from launch plans (dsa/_replay.py): their tests (which ops replay inside the engine),
+#      the host time of eager sparse_mla decode calls with plans off and on, and `dsa run` with eager decode
+#      (--cuda-graph off), plans off and on.
+# STAGES picks a subset, space-separated (default: all): tests run bench power decode plans.
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh
 N=${WORKERS:-16}  # (the machine's 16 CPU cores: an empty Triton cache makes the tests compile-bound)
-STAGES=" ${STAGES:-tests run bench power decode} "
+STAGES=" ${STAGES:-tests run bench power decode plans} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 # (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
 if on tests; then
@@ -52,6 +55,17 @@ if on decode; then
     > "$OUT/decode.txt" 2>&1; echo "decode rc=$?" >> "$OUT/decode.txt"
   cat /tmp/decode.jsonl >> "$OUT/decode.txt" 2>/dev/null
 fi
+if on plans; then
+  {
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider -p no:benchmark tests/test_replay.py 2>&1 \
+      | grep -E "REPLAY STATUS|passed|failed|Error"
+    timeout 120 python3 benchmarks/host_overhead.py 2>&1 | tail -7
+    for p in 0 1; do
+      echo "DSA_PLANS=$p, eager decode:"
+      DSA_PLANS=$p timeout 150 python3 -m dsa run --cuda-graph off --no-progress 2>&1 | grep -E "^decode"
+    done
+  } > "$OUT/plans.txt" 2>&1
+fi
 if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
 if on run; then
   echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
@@ -60,6 +74,7 @@ if on run; then
 fi
 if on bench; then echo "== bench"; tail -50 "$OUT/bench.txt"; fi
 if on power; then echo "== power"; tail -9 "$OUT/power.txt"; fi
+if on plans; then echo "== plans"; cat "$OUT/plans.txt"; fi
 if on decode; then
   echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
 fi
