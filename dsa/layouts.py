@@ -40,6 +40,8 @@ def indexer_cache_blocks(cache: torch.Tensor) -> torch.Tensor:
     """
     if cache.dtype != torch.uint8:
         raise TypeError(f"cache: expected dtype uint8, got {cache.dtype}")
+    if not cache.is_contiguous():  # (asked of the cache itself: reshaping a strided one would copy it)
+        raise ValueError(f"cache: expected a contiguous tensor, got shape {list(cache.shape)} strides {cache.stride()}")
     if cache.dim() == 2:
         if cache.shape[1] % INDEXER_ROW_BYTES:
             raise ValueError(f"cache: expected last dim a multiple of {INDEXER_ROW_BYTES}, got {list(cache.shape)}")
@@ -51,8 +53,6 @@ def indexer_cache_blocks(cache: torch.Tensor) -> torch.Tensor:
             f"cache: expected [num_blocks, block_size*{INDEXER_ROW_BYTES}], [num_blocks, block_size, {INDEXER_ROW_BYTES}] "
             f"or [num_blocks, block_size, 1, {INDEXER_ROW_BYTES}], got {list(cache.shape)}"
         )
-    if not flat.is_contiguous():
-        raise ValueError(f"cache: expected a contiguous tensor, got strides {cache.stride()}")
     return flat
 
 

@@ -394,7 +394,9 @@ def _bad_prefill_cases():
 @pytest.mark.parametrize("idx", range(16))
 def test_prefill_validation(idx):
     q, (k, s), w, ks, ke = _good_prefill()
-    bad, exc, name = _bad_prefill_cases()[idx]
+    cases = _bad_prefill_cases()
+    assert len(cases) == 16  # (every case parametrised)
+    bad, exc, name = cases[idx]
     args = dict(q=q, kv=(k, s), w=w, ks=ks, ke=ke, clean=True, out=None, backend=None)
     args.update(bad)
     with pytest.raises(exc, match=name.replace("[", r"\[").replace("]", r"\]")):
@@ -411,6 +413,9 @@ def _bad_paged_cases():
         (dict(q=q[:, :1].expand(2, 8, 64, D), w=torch.zeros(16, 64, device=DEVICE)), ValueError, "next_n"),
         (dict(cache=cache.view(torch.int8)), TypeError, "cache"),
         (dict(cache=cache[:, :100]), ValueError, "cache"),
+        # rows of a wider buffer: the blocks' view would be a copy of the whole cache
+        (dict(cache=torch.zeros(nb, cache.shape[1] // 132, 136, dtype=torch.uint8, device=DEVICE)[:, :, :132]),
+         ValueError, "cache: expected a contiguous"),
         (dict(cache=torch.zeros(nb, 3 * 132, dtype=torch.uint8, device=DEVICE)), ValueError, "block size"),
         (dict(w=w[:2]), ValueError, "weights"),
         (dict(ctx=ctx.long()), TypeError, "context_lens"),
@@ -423,10 +428,12 @@ def _bad_paged_cases():
     ]
 
 
-@pytest.mark.parametrize("idx", range(14))
+@pytest.mark.parametrize("idx", range(15))
 def test_paged_validation(idx):
     q, cache, w, ctx, bt, max_len = _good_paged()
-    bad, exc, name = _bad_paged_cases()[idx]
+    cases = _bad_paged_cases()
+    assert len(cases) == 15  # (every case parametrised)
+    bad, exc, name = cases[idx]
     args = dict(q=q, cache=cache, w=w, ctx=ctx, bt=bt, max_len=max_len, out=None)
     args.update(bad)
     with pytest.raises(exc, match=name):
