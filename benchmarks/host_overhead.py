@@ -1,10 +1,11 @@
 """Host time of eager ``sparse_mla`` calls, and of one kernel launch broken into its parts.
 
 Each call is timed with launch plans off (``dsa._replay``: every call decides and launches through Triton's JIT)
-and on (the first call with a signature recorded, the rest replayed). The host time is measured with the GPU kept busy (a queue of large matmuls ahead of the calls), so the host never
-waits for it: ``perf_counter`` around N calls, divided by N. The launch parts are timed on the arguments captured
-from a real call: Triton's whole ``kernel[grid](...)``, its argument binder alone, the current device and stream,
-and the compiled kernel's launcher called directly.
+and on (the first call with a signature recorded, the rest replayed). The host time is measured with the GPU kept
+busy (a queue of large matmuls ahead of the calls), so the host never waits for it: ``perf_counter`` around N calls,
+divided by N. The launch parts (plans off) are timed on the arguments captured from a real call: Triton's whole
+``kernel[grid](...)``, its argument binder alone, the current device and stream, and the compiled kernel's launcher
+called directly.
 
     python benchmarks/host_overhead.py            # the table
     python benchmarks/host_overhead.py --profile  # plus a cProfile of each case (top entries by own time)

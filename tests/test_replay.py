@@ -90,8 +90,8 @@ def test_kept_buffer_keeps_its_address():
 
 
 _POINTER = "a pointer into {} of the call's tensors, allocations and kept buffers"
-_WHY = {"copy": "runs aten.copy_.default", "foreign pointer": _POINTER.format(0),
-        "aliased tensors": _POINTER.format(2), "callable grid": "a callable grid", "view returned": "returns other tensors"}
+_WHY = {"copy": "runs aten.copy_.default", "foreign pointer": _POINTER.format(0), "aliased tensors": _POINTER.format(2),
+        "callable grid": "a callable grid", "view returned": "returns other tensors"}
 
 
 @pytest.mark.parametrize("case", ["copy", "foreign pointer", "aliased tensors", "callable grid", "view returned"])
