@@ -255,10 +255,13 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
                 self.unfit = "a strided allocation"
             self.events.append(("alloc", len(self.allocs), func in _ZEROS))
             self.allocs.append(out)
-        elif func is _FILL_ZERO and any(_same(args[0], a) for a in self.allocs):
-            self.events.append(("zero", next(i for i, a in enumerate(self.allocs) if _same(args[0], a))))
         elif not func.is_view:
-            self.unfit = f"runs {func}"
+            own = None if func is not _FILL_ZERO else next(
+                (i for i, a in enumerate(self.allocs) if _same(args[0], a)), None)
+            if own is None:
+                self.unfit = f"runs {func}"
+            else:
+                self.events.append(("zero", own))
         return out
 
     def _source(self, ptr: int):

@@ -483,7 +483,8 @@ def test_dequant_first_pages_declined(monkeypatch):
 def test_dequant_first_rule():
     """Which calls over the fp8_ds_mla cache run on a bf16 copy of ``rows`` of its rows (on sm_90): more than 16 heads,
     at least ``ORDER_MIN_T`` tokens, at least ``DEQUANT_FIRST_MIN_RATIO`` gathered rows per copied row (more at 32 heads
-    or fewer, fewer past 64), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured; the bound on the rows is the rule's."""
+    or fewer, fewer past 64), a copy of at most ``DEQUANT_FIRST_MAX_BYTES``, as measured; the bound on the rows is the
+    rule's."""
     from dsa.mla.kernel import DEQUANT_FIRST_MAX_BYTES, ORDER_MIN_T, dequant_first_max_rows, dequant_first_pays
 
     measured = (4096, 2048, 131072)  # T, topk, rows (BENCHMARKS.md, fifty-third and fifty-fourth sessions)

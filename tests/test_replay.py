@@ -47,10 +47,11 @@ def _recorded(tensors, body):
 
 
 def _call(kernel, rec, x, y, out, n=8, grid=(3, 2), **kw):
-    """What an op's path does: an allocation, a zeroed one, views of its tensors, one launch."""
+    """What an op's path does: allocations, zeroed ones (by ``torch.zeros`` and by ``zero_``), views of its tensors,
+    launches."""
     part = torch.empty(5, 7, dtype=torch.float32)
     counters = torch.zeros(6, dtype=torch.int32)
-    ml = torch.empty(4, dtype=torch.float32)
+    ml = torch.empty(4, dtype=torch.float32).zero_()
     rec.launch(_Jit, grid, (x[1:], y.view(torch.uint8)[:, 4:], part, n, 0.5), dict(num_warps=4, **kw), kernel)
     rec.launch(_Jit, (9,), (counters, ml, out, n + 1, 2.0), dict(B=8), kernel)
     return out, ml, counters
@@ -66,6 +67,7 @@ def test_replay_moves_every_pointer_and_repeats_the_allocations():
     c1.fill_(5)  # the recorded call's buffers are not reused
     o2, ml2, c2 = plan((x2, y2, out2, None))
     assert o2 is out2 and ml2.shape == (4,) and ml2.dtype == torch.float32 and c2.dtype == torch.int32
+    assert (ml2 == 0).all() and [s[0] for s in plan.steps] == ["alloc", "alloc", "alloc", "zero", "launch", "launch"]
     assert c2.shape == (6,) and (c2 == 0).all() and c2.data_ptr() != c1.data_ptr()
     (g1, g2, g3, stream, fn, meta, lm, h1, h2, *a1), (b1, b2, b3, _, _, _, _, _, _, *a2) = kernel.calls
     assert (g1, g2, g3, fn, meta, lm, h1, h2) == (3, 2, 1, 1234, (4, 1, 0), None, None, None) and stream == 0

@@ -545,17 +545,17 @@ def slice_pays(T: int, h_q: int, is_fp8: bool) -> bool:
 DEQUANT_FIRST_MIN_RATIO = {32: 64, 64: 16, 128: 8}
 DEQUANT_FIRST_MAX_BYTES = 512 << 20
 #: a copy of the pages a call reads (:func:`dsa.mla.compact.compact`) costs passes over the index lists (marking the
-#: pages: 30-61 µs for 1024-4096 x 2048 entries on an H100; the remap 12-30) before the copy, whether it is then taken or not: its size is known
-#: on the device only, so the copy is allocated at :func:`dequant_first_max_rows` and both the call over it and the
-#: call over the cache are queued, a device flag skipping one (no synchronisation). On an H100 (fifty-fifth session;
-#: topk 2048 over a context of C rows at random pages of a 2M-row pool, do_bench medians, µs, fp8 kernels -> as
-#: dispatched), 4096 tokens: h_q 128 over C = 16K / 128K / 384K 6577 -> 4612 / 7063 -> 5122 / 7163 -> 5592, h_q 64
-#: 3400 -> 2545 / 3712 -> 3012 / 3839 -> 3855 (21 gathered rows per copied row: even), h_q 32 over 16K / 128K 2368 ->
-#: 1855 / 2905 -> 2265 (the pages' way forced), and over 384K (above the bound: not taken) 2727 -> 2603; 2048 tokens:
-#: h_q 32 over 16K 1212 -> 967, but over 128K (not taken) 1237 -> 1352; 1024 tokens: h_q 128 over 16K / 128K 1695 ->
-#: 1245 / 1834 -> 1434, h_q 64 871 -> 705-995 / 952 -> 889 (forced; rounds apart). A copy not taken costs the marking
-#: and the skipped launches, about 115 µs at 2048 tokens. Hence at least this many tokens x heads (32 heads: 4096
-#: tokens; 64: 2048; 128: 1024), where the whole cache makes too big a copy or too many rows per entry.
+#: pages: 30-61 µs for 1024-4096 x 2048 entries on an H100; the remap 12-30) before the copy, whether it is then taken
+#: or not: its size is known on the device only, so the copy is allocated at :func:`dequant_first_max_rows` and both the
+#: call over it and the call over the cache are queued, a device flag skipping one (no synchronisation). On an H100
+#: (fifty-fifth session; topk 2048 over a context of C rows at random pages of a 2M-row pool, do_bench medians, µs, fp8
+#: kernels -> as dispatched), 4096 tokens: h_q 128 over C = 16K / 128K / 384K 6577 -> 4612 / 7063 -> 5122 / 7163 ->
+#: 5592, h_q 64 3400 -> 2545 / 3712 -> 3012 / 3839 -> 3855 (21 gathered rows per copied row: even), h_q 32 over 16K /
+#: 128K 2368 -> 1855 / 2905 -> 2265 (the pages' way forced), and over 384K (above the bound: not taken) 2727 -> 2603;
+#: 2048 tokens: h_q 32 over 16K 1212 -> 967, but over 128K (not taken) 1237 -> 1352; 1024 tokens: h_q 128 over 16K /
+#: 128K 1695 -> 1245 / 1834 -> 1434, h_q 64 871 -> 705-995 / 952 -> 889 (forced; rounds apart). A copy not taken costs
+#: the marking and the skipped launches, about 115 µs at 2048 tokens. Hence at least this many tokens x heads (32 heads:
+#: 4096 tokens; 64: 2048; 128: 1024), where the whole cache makes too big a copy or too many rows per entry.
 DEQUANT_FIRST_PAGES_MIN_WORK = 131072
 
 
