@@ -1,27 +1,34 @@
 """Launch plans: an op's eager GPU call replayed from a record of its first call with the same signature.
 
+Every public op of the package is planned (:func:`planned`): ``sparse_mla``, the indexer's logits, top-k, the cache
+writers and readers, the indexer's q / k preparation and the metadata ops.
+
 An eager call of an op spends most of its host time deciding what to launch (checks, dispatch rules, launch
 configurations) and in Triton's launch path, which binds and specialises every argument before the launcher runs.
 Whatever an op decides is a function of its arguments' signature: shapes, strides, dtypes, devices, alignment,
-which optional arguments are given and the Python scalars. So the first call with a signature is recorded: every
-tensor it allocates (``torch.empty`` / ``torch.zeros`` and the like, in order) and every kernel it launches (the
-compiled kernel, its grid and its arguments, each pointer as an offset into one of the call's tensors or one of its
-allocations). A later call with the same signature replays that record: the same allocations, and the same compiled
-kernels launched directly through Triton's launcher with the pointers moved to this call's tensors. Nothing is
-decided twice, and the result is bitwise the same as the call's own path.
+which optional arguments are given and the Python scalars (and, where an op says so, how far a tensor's storage
+runs past its end: ``slack``). So the first call with a signature is recorded: every tensor it allocates
+(``torch.empty`` / ``torch.zeros`` and the like, in order) and every kernel it launches (the compiled kernel, its
+grid and its arguments, each pointer as an offset into one of the call's tensors or one of its allocations, each
+host tensor descriptor with its base pointer so located). A later call with the same signature replays that record:
+the same allocations, and the same compiled kernels launched directly through Triton's launcher with the pointers
+moved to this call's tensors; it returns the same tensors, or the same views of them. Nothing is decided twice, and
+the result is bitwise the same as the call's own path.
 
 A call is recorded only where replaying it is exact: a call that runs any other torch operation than an allocation,
 a view or the zero fill of its own allocation (a copy, a reduction, a read back to the host), passes a pointer into
 memory that is neither one of its tensors, one of its allocations nor a registered lasting buffer
-(:func:`keep`), returns anything else than its own tensors or allocations, or launches with a callable grid, is not:
-its signature runs the op's own path every time (:func:`why` says what stopped it). Plans are off under Triton's CPU
+(:func:`keep`), returns anything else than its own tensors, allocations or views of them, or launches with a callable
+grid, is not: its signature runs the op's own path every time (:func:`why` says what stopped it; :func:`stats`
+counts). A planned op called inside another's recording is part of that recording. Plans are off under Triton's CPU
 interpreter, where there are no compiled kernels, while a launch hook is set (a profiler), and with ``DSA_PLANS=0``.
 
 A plan holds what the dispatch rules decided. Code that changes them while it runs (tests and A/B scripts patching a
 module's constants) calls :func:`clear` after each change, or turns plans off (:func:`set_enabled`).
 
-Measured (BENCHMARKS.md, fifty-seventh session; host µs per eager decode call with the GPU kept busy, plans off ->
-on): 181-239 -> 43-55 on the H200 machine, where the kernels take 9-35 µs.
+Measured (BENCHMARKS.md, fifty-seventh and fifty-eighth sessions): host µs per eager ``sparse_mla`` decode call with
+the GPU kept busy, plans off -> on, 181-239 -> 43-55 on the H200 machine, where the kernels take 9-35 µs; the eager
+decode steps of ``dsa run`` (4 layers, every op planned, H100 machine) 482 -> 653 tokens/s.
 """
 from __future__ import annotations
 
@@ -152,22 +159,47 @@ def why(key) -> str | None:
     return str(plan) if isinstance(plan, _NoPlan) else None
 
 
-def planned(op):
+def stats() -> dict:
+    """Per planned op (by name): signatures ``recorded``, calls ``replayed``, and ``unfit``: how many of its recorded
+    signatures run the op's own path every time, by reason (:func:`why`)."""
+    out = {}
+    for op in set(_RECORDED) | set(_REPLAYED):
+        if op is not None:
+            out[getattr(op, "__name__", str(op))] = {"recorded": _RECORDED.get(op, 0),
+                                                      "replayed": _REPLAYED.get(op, 0), "unfit": {}}
+    for (key, _), plan in _PLANS.items():
+        if isinstance(plan, _NoPlan) and isinstance(key, tuple) and key and key[0] in _RECORDED:
+            unfit = out[getattr(key[0], "__name__", str(key[0]))]["unfit"]
+            unfit[str(plan)] = unfit.get(str(plan), 0) + 1
+    return out
+
+
+def planned(op=None, *, slack: tuple = ()):
     """Decorate a public op: its eager calls on a GPU are recorded per signature and replayed (see the module's
     docstring). The signature holds each tensor argument's :func:`tensor_key`, every other argument's type and value,
-    and the environment variables that change what an op runs (:data:`dsa.backend.DISPATCH_ENV`). A call whose
-    arguments do not hash, whose first tensor is not on a CUDA device, or that ``torch.compile`` traces, runs the op
-    as it is; so does a new signature where :data:`RECORD_FREELY` says not to record it."""
+    and the environment variables that change what an op runs (:data:`dsa.backend.DISPATCH_ENV`). ``slack``: the
+    names of tensor parameters whose storage past their last element the op looks at (up to 16 bytes: whether
+    16-byte loads may run past a row's end); that many bytes join the signature. A call whose arguments do not hash,
+    whose first tensor is not on a CUDA device, that ``torch.compile`` traces or that runs inside another op's
+    recording, runs the op as it is; so does a new signature where :data:`RECORD_FREELY` says not to record it.
+    ``@planned`` or ``@planned(slack=(...))``."""
+    if op is None:
+        return functools.partial(planned, slack=slack)
+    params = list(inspect.signature(op).parameters)
+    slack_at = tuple((params.index(n), n) for n in slack)
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        if not enabled() or torch.compiler.is_compiling():  # (traced by torch.compile: the op as it is)
+        if (not enabled() or torch.compiler.is_compiling()  # (traced by torch.compile: the op as it is)
+                or getattr(_LOCAL, "recorder", None) is not None):  # (inside another op's recording: part of it)
             return op(*args, **kwargs)
         tensors = []
         try:
             key = (op, tuple(_arg_key(a, tensors) for a in args),
                    tuple((k, _arg_key(v, tensors)) for k, v in sorted(kwargs.items())),
                    tuple(os.environ.get(v) for v in _backend.DISPATCH_ENV))
+            if slack_at:
+                key += tuple(_slack(args[i] if i < len(args) else kwargs.get(n)) for i, n in slack_at)
             if not tensors or not _on_gpu(tensors[0]):
                 return op(*args, **kwargs)
             plan = lookup(key)
@@ -180,6 +212,13 @@ def planned(op):
 
     call.unplanned = op
     return call
+
+
+def _slack(t) -> int | None:
+    """Bytes of ``t``'s storage past its last element, up to 16 (``None`` for a non-tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    return min(16, t.untyped_storage().nbytes() - t.storage_offset() * t.element_size() - _span(t))
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -297,7 +336,7 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
                     if p.default is inspect.Parameter.empty:
                         raise _Unfit(f"argument {p.name} missing")
                     bound[p.name] = p.default
-            template, ptrs = [], []
+            template, ptrs, descs = [], [], []
             for pos, (name, p) in enumerate(zip(names, jit.params)):
                 v = bound[name]
                 if getattr(p, "is_constexpr", False):  # (compiled in; the launcher skips it)
@@ -307,16 +346,37 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
                     template.append(off if src is None else 0)
                     if src is not None:
                         ptrs.append((pos, src, off))
-                elif not _plain(v):  # (tuples, tensor descriptors, layouts as runtime arguments)
+                elif _is_descriptor(v):  # (a host tensor descriptor: made again on the replay's base pointer)
+                    src, off = self._source(v.base.data_ptr())
+                    template.append(None)
+                    descs.append((pos, src, off, (tuple(v.shape), tuple(v.strides), tuple(v.block_shape),
+                                                  getattr(v, "layout", None), v.padding)))
+                elif not _plain(v):  # (tuples, layouts as runtime arguments)
                     raise _Unfit(f"argument {name} of type {type(v).__name__}")
                 else:
                     template.append(v)
             g = tuple(grid) + (1,) * (3 - len(grid))
             kernel._init_handles()
             self.events.append(("launch", kernel.run, kernel.function, kernel.packed_metadata, g, tuple(template),
-                                tuple(ptrs)))
+                                tuple(ptrs), tuple(descs)))
         except _Unfit as e:
             self.unfit = str(e)
+
+    def _view_of(self, r: torch.Tensor, kept: set):
+        """``("view", source, dtype, shape, strides, offset)`` of a returned tensor that lies inside one of the
+        call's allocations (else inside exactly one of its tensors) with the same element size, ``offset`` in
+        elements past the source's first one; ``None`` when there is none."""
+        lo, hi = r.data_ptr(), r.data_ptr() + _span(r)
+        n = len(self.tensors)
+        found = [(n + i, a) for i, a in enumerate(self.allocs) if i not in kept and _inside(lo, hi, a)]
+        if not found:
+            found = [(i, t) for i, t in enumerate(self.tensors) if t is not None and _inside(lo, hi, t)]
+        if len(found) != 1 or found[0][1].element_size() != r.element_size():
+            return None
+        src, base = found[0]
+        if (lo - base.data_ptr()) % r.element_size():
+            return None
+        return ("view", src, r.dtype, tuple(r.shape), r.stride(), (lo - base.data_ptr()) // r.element_size())
 
     def plan(self, result):
         """The replay of what was recorded, or ``None`` where it would not be exact."""
@@ -327,9 +387,16 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         allocs = [(tuple(a.shape), a.dtype, a.device) for a in self.allocs]
         returned = []
         for r in (result if isinstance(result, tuple) else () if result is None else (result,)):
+            if r is None and isinstance(result, tuple):
+                returned.append(None)
+                continue
+            if not isinstance(r, torch.Tensor):
+                return None
             src = next((i for i, t in enumerate(self.tensors) if t is not None and _same(r, t)), None)
             if src is None:
                 src = next((n + i for i, a in enumerate(self.allocs) if _same(r, a) and i not in kept), None)
+            if src is None:  # a view of one of its allocations, else of one of its tensors
+                src = self._view_of(r, kept)
             if src is None:
                 return None
             returned.append(src)
@@ -349,11 +416,44 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         return _Plan(n, steps, tuple(returned), isinstance(result, tuple), self.device)
 
 
+def _is_descriptor(v) -> bool:
+    """Whether ``v`` is a host tensor descriptor (Triton's or Gluon's ``TensorDescriptor``) over a tensor."""
+    return (isinstance(getattr(v, "base", None), torch.Tensor) and hasattr(v, "block_shape")
+            and hasattr(v, "strides") and hasattr(v, "padding"))
+
+
+class _Base:
+    """A replayed descriptor's base: the launcher reads only its address."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _Descriptor:
+    """A host tensor descriptor made again at a replay: the fields the launcher reads."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+    def __init__(self, ptr: int, fields: tuple):
+        self.base = _Base(ptr)
+        self.shape, self.strides, self.block_shape, self.layout, self.padding = fields
+
+
 def _same(a, b) -> bool:
     """Whether two tensors are the same view of the same memory (the dispatch mode sees an allocation as another
     Python object than the one its caller gets)."""
     return (isinstance(a, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
             and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _inside(lo: int, hi: int, t: torch.Tensor) -> bool:
+    """Whether bytes ``[lo, hi)`` lie within ``t``'s span."""
+    return t.data_ptr() <= lo and hi <= t.data_ptr() + max(_span(t), 1)
 
 
 def _plain(v) -> bool:
@@ -375,10 +475,12 @@ class _Plan:
         for st in self.steps:
             kind = st[0]
             if kind == "launch":
-                _, run, function, metadata, g, template, ptrs = st
+                _, run, function, metadata, g, template, ptrs, descs = st
                 args = list(template)
                 for pos, src, off in ptrs:
                     args[pos] = bases[src] + off
+                for pos, src, off, fields in descs:
+                    args[pos] = _Descriptor(off if src is None else bases[src] + off, fields)
                 if stream is None:
                     stream = torch._C._cuda_getCurrentRawStream(self.device) if self.device >= 0 else 0
                 run(g[0], g[1], g[2], stream, function, metadata, None, None, None, *args)
@@ -391,5 +493,16 @@ class _Plan:
             else:  # a kept buffer the recorded call allocated: not allocated again
                 objs.append(None)
                 bases.append(None)
-        out = tuple(objs[i] for i in self.returned)
+        out = tuple(_returned(objs, r) for r in self.returned)
         return out if self.as_tuple else out[0] if out else None
+
+
+def _returned(objs: list, r):
+    """One returned value of a replay: a tensor or allocation by its index, a view of one, or ``None``."""
+    if r is None or isinstance(r, int):
+        return None if r is None else objs[r]
+    _, src, dtype, shape, strides, offset = r
+    base = objs[src]
+    if base.dtype != dtype:
+        base = base.view(dtype)
+    return base.as_strided(shape, strides, base.storage_offset() + offset)

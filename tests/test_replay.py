@@ -10,6 +10,7 @@ import inspect
 import pytest
 import torch
 
+import dsa.backend
 from dsa import _replay
 
 
@@ -91,12 +92,76 @@ def test_kept_buffer_keeps_its_address():
     assert kernel.calls[0][9:12] == (x2.data_ptr(), zero.data_ptr() + 8, x2.data_ptr())
 
 
+def test_returned_views_and_tensor_descriptors_replay():
+    """A call may return views of its allocations (with another dtype of the same element size) and of its tensors,
+    and ``None`` inside a tuple; a host tensor descriptor argument is made again over the replay's base pointer with
+    the recorded shape, strides and block."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    kernel = _Kernel()
+    x, y = torch.randn(8, 4), torch.randint(0, 255, (32,), dtype=torch.uint8)
+
+    def body(rec):
+        a = torch.empty(2, 8)
+        desc = TensorDescriptor(x[4:], [4, 4], [4, 1], [2, 4])
+        rec.launch(_Jit, (1,), (a, desc, y, 3, 1.0), {}, kernel)
+        return a[:, :5], a.view(torch.int32)[1], None, y[16:24].view(torch.int8)
+    plan, first = _recorded((x, y), body)
+    assert plan is not None
+    x2, y2 = torch.randn(8, 4), torch.randint(0, 255, (32,), dtype=torch.uint8)
+    a5, row, none, yv = plan((x2, y2))
+    assert none is None and a5.shape == (2, 5) and a5.stride() == (8, 1) and a5.dtype == torch.float32
+    assert row.dtype == torch.int32 and row.shape == (8,) and row.data_ptr() == a5.data_ptr() + 32
+    assert a5.data_ptr() != first[0].data_ptr()
+    assert yv.dtype == torch.int8 and yv.data_ptr() == y2.data_ptr() + 16
+    assert torch.equal(yv.view(torch.uint8), y2[16:24])
+    d = kernel.calls[-1][10]
+    assert d.base.data_ptr() == x2[4:].data_ptr() and (list(d.shape), list(d.strides), list(d.block_shape),
+                                                       d.padding) == ([4, 4], [4, 1], [2, 4], "zero")
+    assert kernel.calls[-1][9] == a5.data_ptr() and kernel.calls[-1][11] == y2.data_ptr()
+
+
+def test_planned_slack_and_nested_ops(monkeypatch):
+    """``slack``: the bytes of a tensor's storage past its end (up to 16) join the signature, so a call over a row
+    padded in its storage and one that ends the storage do not share a plan. A planned op called while another op
+    records is part of that recording: it runs as it is, and is not recorded on its own."""
+    kernel, calls = _Kernel(), []
+
+    def inner(x):
+        calls.append("inner")
+        rec = _replay._LOCAL.recorder
+        rec.launch(_Jit, (1,), (x, x, x, 2, 1.0), {}, kernel)
+        return x
+
+    p_inner = _replay.planned(inner)
+
+    def outer(x, n):
+        calls.append("outer")
+        return p_inner(x)
+
+    p_outer = _replay.planned(slack=("x",))(outer)
+    monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
+    _replay.set_enabled(True)
+    try:
+        big = torch.randn(4, 8)
+        padded, ends = big[:, :6], big[:, 2:]
+        assert _replay._slack(padded) == 8 and _replay._slack(ends) == 0 and _replay._slack(big[:2]) == 16
+        assert p_outer(padded, 1) is padded and calls == ["outer", "inner"]
+        assert p_outer(padded, 1) is padded and calls == ["outer", "inner"] and len(kernel.calls) == 1  # replayed
+        p_outer(ends, 1)  # (its own signature: recorded)
+        assert calls[2:] == ["outer", "inner"] and len(_replay._PLANS) == 2 and inner not in _replay._RECORDED
+    finally:
+        _replay.set_enabled(None)
+
+
 _POINTER = "a pointer into {} of the call's tensors, allocations and kept buffers"
 _WHY = {"copy": "runs aten.copy_.default", "foreign pointer": _POINTER.format(0), "aliased tensors": _POINTER.format(2),
-        "callable grid": "a callable grid", "view returned": "returns other tensors"}
+        "callable grid": "a callable grid", "other tensor returned": "returns other tensors",
+        "wider view returned": "returns other tensors"}
 
 
-@pytest.mark.parametrize("case", ["copy", "foreign pointer", "aliased tensors", "callable grid", "view returned"])
+@pytest.mark.parametrize("case", ["copy", "foreign pointer", "aliased tensors", "callable grid",
+                                  "other tensor returned", "wider view returned"])
 def test_calls_that_would_not_replay_exactly_get_no_plan(case):
     kernel = _Kernel()
     x, y = torch.randn(8, 4), torch.randn(3)
@@ -110,7 +175,9 @@ def test_calls_that_would_not_replay_exactly_get_no_plan(case):
         ptr = stranger if case == "foreign pointer" else (x[3:] if case == "aliased tensors" else y)
         grid = (lambda meta: (1,)) if case == "callable grid" else (1,)
         rec.launch(_Jit, grid, (x, ptr, o, 2, 1.0), {}, kernel)
-        return o[1:] if case == "view returned" else o
+        if case == "wider view returned":  # (int32 over float32 storage is fine; int16 halves the element size)
+            return o.view(torch.int16)
+        return stranger if case == "other tensor returned" else o
     plan, result = _recorded(tensors, body)
     assert plan is None and isinstance(result, torch.Tensor)
     why = _replay.why(("test", tuple(_replay.tensor_key(t) for t in tensors)))
@@ -204,6 +271,8 @@ def test_sparse_mla_wrapper_records_only_what_replays(monkeypatch):
 
     monkeypatch.setattr(K, "sparse_mla_triton", stub)
     monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
+    # (the wrapper's Triton path on these CPU tensors on any machine, the interpreter's or a GPU machine's)
+    monkeypatch.setattr(dsa.backend, "triton_runs_on", lambda device: True)
     _replay.set_enabled(True)
     try:
         def inputs():
@@ -340,8 +409,8 @@ def test_gpu_sparse_mla_sliced_heads_runs_its_own_path(monkeypatch):
 @pytest.mark.parametrize("indexer", ["fp8", "bf16"])
 def test_gpu_engine_eager_steps_replayed_match_plans_off(indexer):
     """The engine's eager steps (decode as the fixed-shape step of the CUDA-graph path, run eagerly: one signature
-    step after step) give the same tokens with plans on as with plans off, and sparse_mla's calls replay. Prints
-    which planned ops replay (and why the others do not)."""
+    step after step) give the same tokens with plans on as with plans off, and every planned op the steps call
+    records plans that replay (none refused). Prints which planned ops replay (and why the others do not)."""
     from dsa.engine import Engine, EngineConfig
     from dsa.model.tiny import random_model, tiny_config
 
@@ -365,4 +434,206 @@ def test_gpu_engine_eager_steps_replayed_match_plans_off(indexer):
         status.setdefault(key[0].__name__, set()).add("replays" if _replay.lookup(key) is not None
                                                        else _replay.why(key))
     print(f"\nREPLAY STATUS {indexer}: {status}")
-    assert status.get("sparse_mla") == {"replays"}, status
+    want = {"sparse_mla", "concat_and_cache_mla", "top_k_indices", "generate_sparse_seqlen",
+            "convert_req_index_to_global_index"}
+    if indexer == "fp8":
+        want |= {"prepare_indexer_q", "prepare_indexer_k", "indexer_k_quant_and_cache", "fp8_paged_mqa_logits",
+                 "gather_indexer_k", "fp8_mqa_logits"}
+    assert want <= set(status) and all(v == {"replays"} for v in status.values()), status
+
+
+# ---------------------------------------------------------------- GPU: every other planned op against its own path
+def _gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _bf16(g, *shape):
+    return torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)
+
+
+def _fp8(g, *shape):
+    return (torch.randn(*shape, device="cuda", generator=g) * 40).to(torch.float8_e4m3fn)
+
+
+def _slots(g, n, S):
+    """``n`` int64 slots below ``S``, with -1 and ``>= S`` entries among them."""
+    s = torch.randperm(S, device="cuda", generator=g)[:n].to(torch.int64)
+    s[::5] = -1
+    s[3::7] = S + 2
+    return s
+
+
+def _block_table(g, B, max_blocks, num_blocks):
+    bt = torch.randint(0, num_blocks, (B, max_blocks), device="cuda", generator=g, dtype=torch.int32)
+    bt[:, -1] = -1
+    return bt
+
+
+def _indexer_cache(g, nb, bs):
+    """``[nb, bs * 132]`` uint8: random fp8 keys, then each block's fp32 scales in [0.5, 1.5)."""
+    cache = torch.randint(0, 255, (nb, bs * 132), device="cuda", generator=g, dtype=torch.uint8)
+    cache[:, bs * 128:] = (torch.rand(nb, bs, device="cuda", generator=g) + 0.5).view(torch.uint8).view(nb, -1)
+    return cache
+
+
+def _op_cases():
+    """(name, op, inputs(seed) -> (args, kwargs, tensors the call writes in place)); each case's calls share one
+    signature."""
+    import dsa.indexer_cache as IC
+    import dsa.indexer_prep as IP
+    import dsa.metadata as MD
+    import dsa.mla_cache as MC
+    import dsa.mqa_logits as ML
+    import dsa.topk as TK
+
+    def mla_cache(fmt):
+        def inputs(seed):
+            g = _gen(seed)
+            width, dt = (656, torch.uint8) if fmt == "fp8_ds_mla" else (576, torch.bfloat16)
+            cache = (torch.randint(0, 255, (8, 64, width), device="cuda", generator=g, dtype=torch.uint8)
+                     if dt == torch.uint8 else _bf16(g, 8, 64, width))
+            return (_bf16(g, 37, 512), _bf16(g, 37, 64), cache, _slots(g, 37, 512), fmt), {}, [cache]
+        return inputs
+
+    def quantize(seed):
+        g = _gen(seed)
+        return (_bf16(g, 45, 512), _bf16(g, 45, 64)), {}, []
+
+    def dequantize(seed):
+        g = _gen(seed)
+        rows = MC.quantize_fp8_ds_mla.unplanned(_bf16(g, 45, 512), _bf16(g, 45, 64))
+        return (rows.view(3, 15, 656),), {}, []
+
+    def k_quant(seed):
+        return (_bf16(_gen(seed), 3, 41, 128),), {}, []
+
+    def k_quant_cache(seed):
+        g = _gen(seed)
+        cache = _indexer_cache(g, 6, 64)
+        return (_bf16(g, 29, 128), cache, _slots(g, 29, 384)), {"scale_fmt": None}, [cache]
+
+    def gather(seed):
+        g = _gen(seed)
+        bt = torch.randint(0, 6, (3, 4), device="cuda", generator=g, dtype=torch.int32)
+        cu = torch.tensor([0, 70, 70, 190], dtype=torch.int32, device="cuda")
+        return (_indexer_cache(g, 6, 64), bt, cu), {"num_tokens": 190}, []
+
+    def prep_q(seed):
+        g = _gen(seed)
+        T = 19
+        return ((_bf16(g, T, 64, 128), torch.randn(T, 32, device="cuda", generator=g),
+                 torch.randn(T, 32, device="cuda", generator=g), _bf16(g, T, 64)),
+                {"hadamard": True, "return_scale": True}, [])
+
+    def prep_k(seed):
+        g = _gen(seed)
+        T = 23
+        return ((_bf16(g, T, 128), torch.randn(T, 32, device="cuda", generator=g),
+                 torch.randn(T, 32, device="cuda", generator=g)), {"interleaved": True}, [])
+
+    def convert(seed):
+        g = _gen(seed)
+        T, K = 9, 96
+        idx = torch.randint(-1, 300, (T, K), device="cuda", generator=g, dtype=torch.int32)
+        req = torch.randint(0, 3, (T,), device="cuda", generator=g, dtype=torch.int32)
+        return (req, _block_table(g, 3, 5, 40), idx, 64), {"return_valid_counts": True}, []
+
+    def sparse_seqlen(seed):
+        qsl = torch.tensor([0, 1, 5, 6], dtype=torch.int32, device="cuda")
+        lens = torch.randint(6, 3000, (3,), device="cuda", generator=_gen(seed), dtype=torch.int32)
+        return (qsl, lens, 2048), {"num_tokens": 6}, []
+
+    def topk_decode(seed):
+        g = _gen(seed)
+        B, N = 6, 3001
+        logits = torch.randn(B, (N + 3) // 4 * 4, device="cuda", generator=g)[:, :N]  # (as the indexer's)
+        lens = torch.randint(1, N + 1, (B,), device="cuda", generator=g, dtype=torch.int32)
+        return ((logits, 512), {"seq_lens": lens, "block_table": _block_table(g, B, 48, 100), "block_size": 64},
+                [])
+
+    def topk_ranges(seed):
+        g = _gen(seed)
+        M, N = 5, 20000
+        logits = torch.randn(M, N, device="cuda", generator=g)
+        ks = torch.randint(0, 5000, (M,), device="cuda", generator=g, dtype=torch.int32)
+        return (logits, 2048, ks, ks + 15000), {}, []
+
+    def paged_logits(seed):
+        g = _gen(seed)
+        B, next_n, nb = 4, 2, 40
+        lens = torch.randint(1, 1100, (B,), device="cuda", generator=g, dtype=torch.int32)
+        return ((_fp8(g, B, next_n, 64, 128), _indexer_cache(g, nb, 64), torch.randn(B * next_n, 64, device="cuda",
+                                                                                      generator=g),
+                 lens, _block_table(g, B, 20, nb), 1100), {}, [])
+
+    def prefill_logits(seed):
+        g = _gen(seed)
+        M, N = 70, 900
+        ks = torch.randint(0, 300, (M,), device="cuda", generator=g, dtype=torch.int32)
+        kv = (_fp8(g, N, 128), torch.rand(N, device="cuda", generator=g))
+        return ((_fp8(g, M, 64, 128), kv, torch.randn(M, 64, device="cuda", generator=g), ks, ks + 500), {}, [])
+
+    return [
+        ("concat_and_cache_mla fp8", MC.concat_and_cache_mla, mla_cache("fp8_ds_mla")),
+        ("concat_and_cache_mla bf16", MC.concat_and_cache_mla, mla_cache("bf16")),
+        ("quantize_fp8_ds_mla", MC.quantize_fp8_ds_mla, quantize),
+        ("dequantize_fp8_ds_mla", MC.dequantize_fp8_ds_mla, dequantize),
+        ("indexer_k_quant", IC.indexer_k_quant, k_quant),
+        ("indexer_k_quant_and_cache", IC.indexer_k_quant_and_cache, k_quant_cache),
+        ("gather_indexer_k", IC.gather_indexer_k, gather),
+        ("prepare_indexer_q", IP.prepare_indexer_q, prep_q),
+        ("prepare_indexer_k", IP.prepare_indexer_k, prep_k),
+        ("convert_req_index_to_global_index", MD.convert_req_index_to_global_index, convert),
+        ("generate_sparse_seqlen", MD.generate_sparse_seqlen, sparse_seqlen),
+        ("top_k_indices decode", TK.top_k_indices, topk_decode),
+        ("top_k_indices ranges", TK.top_k_indices, topk_ranges),
+        ("fp8_paged_mqa_logits", ML.fp8_paged_mqa_logits, paged_logits),
+        ("fp8_mqa_logits", ML.fp8_mqa_logits, prefill_logits),
+    ]
+
+
+def _flat(result):
+    if result is None:
+        return []
+    return [r for r in (result if isinstance(result, tuple) else (result,)) if r is not None]
+
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
+
+
+def _bits(t):
+    """``t``'s bits (NaN compares equal to the same NaN)."""
+    return t.view(_BITS.get(t.dtype, t.dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c[0] for c in _op_cases()])
+def test_gpu_planned_op_replayed_matches_its_own_path(case):
+    """Each planned op: three calls of one signature on fresh inputs (the first recorded, the others replayed
+    without Triton's JIT) give bitwise what the same calls give with plans off: returned tensors (views included:
+    shape, strides, dtype, and every element) and the tensors written in place."""
+    from triton.runtime.jit import JITFunction
+
+    name, op, inputs = next(c for c in _op_cases() if c[0] == case)
+    alive = []
+    for seed in (11, 12, 13):
+        args, kwargs, written = inputs(seed)
+        _replay.set_enabled(False)
+        want = [(t.shape, t.stride(), t.dtype, _bits(t).clone()) for t in _flat(op(*args, **kwargs)) + written]
+        _replay.set_enabled(None)
+        args, kwargs, written = inputs(seed)  # (the same values, at other addresses)
+        alive.append((args, written))
+        if seed == 11:
+            result = op(*args, **kwargs)
+        else:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(JITFunction, "run", lambda *a, **k: pytest.fail(
+                    f"{name}: launched through the JIT: {[_replay.why(k) for k, _ in _replay._PLANS]}"))
+                result = op(*args, **kwargs)
+        got = _flat(result) + written
+        assert len(got) == len(want), name
+        for (shape, stride, dtype, w), g in zip(want, got):
+            assert (g.shape, g.stride(), g.dtype) == (shape, stride, dtype), name
+            assert torch.equal(w, _bits(g)), name
+    keys = [k for k, _ in _replay._PLANS if k[0] is op.unplanned]
+    assert len(keys) == 1 and _replay.lookup(keys[0]) is not None, (name, [_replay.why(k) for k in keys])

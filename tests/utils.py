@@ -38,7 +38,11 @@ def skip_unless_gluon_triton():
 
 def record_launches(monkeypatch, module, key: str | None = None) -> list:
     """Wrap ``module.launch`` so that every call appends its keyword argument ``key`` (or None); returns
-    that list (tests use it to prove which kernel served a call)."""
+    that list (tests use it to prove which kernel served a call). Launch plans are off for the test: a replayed
+    call launches its kernels without going through ``launch`` (:mod:`dsa._replay`)."""
+    from dsa import _replay
+
+    monkeypatch.setitem(_replay._state, "enabled", False)
     calls = []
     launch = module.launch
     monkeypatch.setattr(module, "launch", lambda *a, **k: (calls.append(k.get(key) if key else None), launch(*a, **k))[1])

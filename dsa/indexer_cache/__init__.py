@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import backend as _backend
+from .. import _replay, backend as _backend
 from .._checks import check_block_size, check_same_device, check_tensor
 from ..constants import INDEXER_HEAD_DIM
 from ..layouts import indexer_cache_blocks
@@ -36,6 +36,7 @@ def _check_cache(cache) -> torch.Tensor:
     return blocks
 
 
+@_replay.planned
 def indexer_k_quant(
     k: torch.Tensor,
     scale_fmt: str | None = "ue8m0",
@@ -69,6 +70,7 @@ def indexer_k_quant(
     return out_k.view(torch.float8_e4m3fn).view(*lead, INDEXER_HEAD_DIM), out_s.view(lead)
 
 
+@_replay.planned
 def indexer_k_quant_and_cache(
     k: torch.Tensor,
     cache: torch.Tensor,
@@ -109,6 +111,7 @@ def indexer_k_quant_and_cache(
     indexer_k_quant_and_cache_launch(k, blocks, slot_mapping, scale_fmt == "ue8m0")
 
 
+@_replay.planned
 def gather_indexer_k(
     cache: torch.Tensor,
     block_table: torch.Tensor,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks
+from .. import _checks, _replay
 from ..backend import resolve
 from ..constants import INDEXER_HEAD_DIM, INDEXER_NUM_HEADS, INDEXER_ROPE_DIM
 from .reference import (
@@ -52,6 +52,7 @@ def _check_rope(T, cos, sin, interleaved, hadamard):
     _check_flag("hadamard", hadamard)
 
 
+@_replay.planned
 def prepare_indexer_q(
     q: torch.Tensor,
     cos: torch.Tensor,
@@ -125,6 +126,7 @@ def prepare_indexer_q(
     return (q_out, w_out, s_out) if return_scale else (q_out, w_out)
 
 
+@_replay.planned
 def prepare_indexer_k(
     k: torch.Tensor,
     cos: torch.Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks
+from .. import _checks, _replay
 from ..backend import resolve
 from .reference import convert_req_index_to_global_index_ref, generate_sparse_seqlen_ref
 
@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 
+@_replay.planned
 def convert_req_index_to_global_index(
     req_id: torch.Tensor,
     block_table: torch.Tensor,
@@ -121,6 +122,7 @@ def convert_req_index_to_global_index(
     return (out, counts) if return_valid_counts else out
 
 
+@_replay.planned
 def generate_sparse_seqlen(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import backend as _backend
+from .. import _replay, backend as _backend
 from .._checks import check_block_size, check_same_device, check_tensor
 from ..constants import D_QK, FP8_DS_MLA_ROW_BYTES, KV_LORA_RANK, ROPE_DIM
 from . import reference as _ref
@@ -54,6 +54,7 @@ def _check_cache(cache, kv_format) -> torch.Tensor:
     return cache.view(-1, width)
 
 
+@_replay.planned
 def concat_and_cache_mla(
     c_kv: torch.Tensor,
     k_pe: torch.Tensor,
@@ -93,6 +94,7 @@ def concat_and_cache_mla(
     mla_cache_write(c_kv, k_pe, rows, slot_mapping, fp8=kv_format == "fp8_ds_mla")
 
 
+@_replay.planned
 def quantize_fp8_ds_mla(
     c_kv: torch.Tensor,
     k_pe: torch.Tensor,
@@ -122,6 +124,7 @@ def quantize_fp8_ds_mla(
     return out
 
 
+@_replay.planned
 def dequantize_fp8_ds_mla(
     rows: torch.Tensor,
     *,

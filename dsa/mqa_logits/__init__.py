@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _replay
 from .._checks import check_block_size, check_same_device, check_tensor
 from ..backend import resolve
 from ..constants import INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
@@ -68,6 +69,7 @@ def _check_out(out, shape, device):
     return out
 
 
+@_replay.planned
 def fp8_mqa_logits(
     q: torch.Tensor,
     kv,
@@ -130,6 +132,7 @@ def fp8_mqa_logits(
     return fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, out)
 
 
+@_replay.planned
 def fp8_paged_mqa_logits(
     q: torch.Tensor,
     cache: torch.Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks
+from .. import _checks, _replay
 from ..backend import resolve
 from .kernel import MAX_K, TopKConfig, top_k_indices_launch
 from ..metadata.reference import convert_req_index_to_global_index_ref
@@ -65,6 +65,7 @@ def _validate(logits, k, row_starts, row_ends, seq_lens, next_n, out, block_tabl
     return mode
 
 
+@_replay.planned(slack=("logits",))
 def top_k_indices(
     logits: torch.Tensor,
     k: int,
