@@ -135,8 +135,8 @@ def test_metadata_builder_mixed_batch():
     want_slots = [ordered[r].block_ids[p // bs] * bs + p % bs for r, p in zip(md.req_id.tolist(), pos)]
     assert md.slot_mapping.tolist() == want_slots == md.slot_mapping_dump.tolist()
     assert md.block_table.tolist() == [[0, 5, 9], [6, -1, -1], [7, 2, -1], [3, 4, 8]]
-    assert md.decode_context_lens.tolist() == [10, 3] and md.max_decode_context_len == 10
-    assert md.decode_key_slots[1].tolist() == [24, 25, 26] + [40] * 7  # padding -> dump row
+    assert md.decode_context_lens.tolist() == [10, 3] and md.max_decode_context_len == 12  # (whole blocks)
+    assert md.decode_key_slots[1].tolist() == [24, 25, 26] + [40] * 9  # padding -> dump row
     assert md.prefill_cu_seq_lens.tolist() == [0, 6, 15] and md.num_prefill_keys == 15
     assert md.prefill_key_slots.tolist() == [28, 29, 30, 31, 8, 9] + [12, 13, 14, 15, 16, 17, 18, 19, 32]
     assert md.last_token_index.tolist() == [0, 1, 7, 11]

@@ -16,7 +16,10 @@ For the indexer:
 
 * decodes read their keys straight from the paged cache (``fp8_paged_mqa_logits``) with
   ``decode_context_lens`` (the full length ``L_b`` of each decode request after this step:
-  row ``b·next_n + j`` sees positions ``< L_b - next_n + j + 1``);
+  row ``b·next_n + j`` sees positions ``< L_b - next_n + j + 1``), into logits
+  ``max_decode_context_len`` wide: the longest ``L_b`` rounded up to whole blocks, so that
+  the ops' arguments keep one shape for a block's worth of decode steps and their eager calls
+  replay (:mod:`dsa._replay`; the columns past a row's length are ``-inf``, never selected);
 * prefills gather the keys of all prefill requests once (``gather_indexer_k`` with
   ``prefill_cu_seq_lens``); token ``i`` of prefill request ``p`` (position ``pos``) scores
   keys ``[ks, ke) = [cu[p], cu[p] + pos + 1)`` of that gathered array; the rows are split
@@ -82,7 +85,7 @@ class StepMetadata:
     # decode
     decode_context_lens: torch.Tensor  # [B] int32
     decode_block_table: torch.Tensor  # [B, max_blocks] int32
-    max_decode_context_len: int
+    max_decode_context_len: int  # the longest decode context rounded up to whole blocks
     # prefill
     prefill_cu_seq_lens: torch.Tensor  # [P+1] int32
     prefill_block_table: torch.Tensor  # [P, max_blocks] int32
@@ -210,7 +213,7 @@ def build_step_metadata(
         req_id=torch.tensor(req_id, **i32),
         sparse_seqlens=generate_sparse_seqlen(query_start_loc, seq_lens_t, index_topk, num_tokens=T, backend=backend),
         decode_context_lens=seq_lens_t[:nb], decode_block_table=block_table[:nb],
-        max_decode_context_len=max(seq_lens[:nb], default=0),
+        max_decode_context_len=-(-max(seq_lens[:nb], default=0) // block_size) * block_size,
         prefill_cu_seq_lens=torch.tensor(cu, **i32), prefill_block_table=block_table[nb:],
         num_prefill_keys=n_keys, prefill_chunks=chunks,
     )
