@@ -17,8 +17,8 @@
 #   6. small-head decode at the defaults (h_q 16/32, both formats, batch 1-128; CUDA graphs), the rows of
 #      the sparse-MLA goal that asks for 70% of the bandwidth floor,
 #   7. eager calls replayed from launch plans (dsa/_replay.py): their tests (which ops replay inside the engine),
-#      the host time of eager sparse_mla decode calls with plans off and on, and `dsa run` with eager decode
-#      (--cuda-graph off), plans off and on.
+#      the host time of eager sparse_mla decode calls with plans off and on, and the `dsa run` workload with eager
+#      decode (--cuda-graph off), plans off and on, with each planned op's host time (benchmarks/plans_engine.py).
 # STAGES picks a subset, space-separated (default: all): tests run bench power decode plans.
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
@@ -60,10 +60,7 @@ if on plans; then
     timeout 150 python3 -m pytest -q -s -p no:cacheprovider -p no:benchmark tests/test_replay.py 2>&1 \
       | grep -E "REPLAY STATUS|passed|failed|Error"
     timeout 120 python3 benchmarks/host_overhead.py 2>&1 | tail -7
-    for p in 0 1; do
-      echo "DSA_PLANS=$p, eager decode:"
-      DSA_PLANS=$p timeout 150 python3 -m dsa run --cuda-graph off --no-progress 2>&1 | grep -E "^decode"
-    done
+    timeout 200 python3 benchmarks/plans_engine.py 2>&1 | grep -E "^== plans|^replay stats|^  [a-z_0-9]+ +(own|rep)|^\|"
   } > "$OUT/plans.txt" 2>&1
 fi
 if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
