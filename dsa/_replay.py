@@ -195,9 +195,9 @@ def planned(op=None, *, slack: tuple = ()):
             return op(*args, **kwargs)
         tensors = []
         try:
-            key = (op, tuple(_arg_key(a, tensors) for a in args),
-                   tuple((k, _arg_key(v, tensors)) for k, v in sorted(kwargs.items())),
-                   tuple(os.environ.get(v) for v in _backend.DISPATCH_ENV))
+            key = (op, tuple([_arg_key(a, tensors) for a in args]),
+                   tuple([(k, _arg_key(kwargs[k], tensors)) for k in sorted(kwargs)]) if kwargs else (),
+                   _dispatch_env())
             if slack_at:
                 key += tuple(_slack(args[i] if i < len(args) else kwargs.get(n)) for i, n in slack_at)
             if not tensors or not _on_gpu(tensors[0]):
@@ -226,15 +226,35 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
+_SCALARS = frozenset({bool, int, float, str, type(None)})
+
+
 def _arg_key(a, tensors: list):
-    """One argument's part of a signature; its tensors appended to ``tensors``, in order."""
+    """One argument's part of a signature; its tensors appended to ``tensors``, in order (:func:`tensor_key`,
+    written out: this runs for every argument of every call)."""
     if isinstance(a, torch.Tensor):
         tensors.append(a)
-        return tensor_key(a)
+        return a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16
+    if type(a) in _SCALARS:
+        return type(a), a
     if isinstance(a, (tuple, list)):
-        return type(a), tuple(_arg_key(x, tensors) for x in a)
+        return type(a), tuple([_arg_key(x, tensors) for x in a])
     hash(a)
     return type(a), a
+
+
+def _env_reader():
+    """A function returning the values of :data:`dsa.backend.DISPATCH_ENV` now: from ``os.environ``'s own mapping
+    (which its assignments update) where CPython has one, 10 times faster than ``os.environ.get``; else through
+    ``os.environ.get``."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None:
+        keys = tuple(encode(v) for v in _backend.DISPATCH_ENV)
+        return lambda: tuple(map(data.get, keys))
+    return lambda: tuple(os.environ.get(v) for v in _backend.DISPATCH_ENV)
+
+
+_dispatch_env = _env_reader()
 
 
 def _span(t: torch.Tensor) -> int:
