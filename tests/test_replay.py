@@ -253,6 +253,43 @@ def test_planned_signatures(monkeypatch):
         _replay.set_enabled(None)
 
 
+def test_dispatch_variables_join_the_signature(monkeypatch):
+    """Each variable of :data:`dsa.backend.DISPATCH_ENV`, set, changed or removed through ``os.environ`` between
+    calls, gives another signature: the call is recorded again, not replayed from the plan of another setting."""
+    import dsa.backend
+
+    kernel, calls = _Kernel(), []
+
+    def op(x):
+        calls.append(1)
+        _replay._LOCAL.recorder.launch(_Jit, (1,), (x, x, x, 1, 1.0), {}, kernel)
+        return x
+
+    planned = _replay.planned(op)
+    monkeypatch.setattr(_replay, "_on_gpu", lambda t: True)
+    for v in dsa.backend.DISPATCH_ENV:
+        monkeypatch.delenv(v, raising=False)
+    _replay.set_enabled(True)
+    try:
+        x = torch.randn(4)
+        planned(x)
+        planned(x)  # replayed
+        assert len(calls) == 1 and len(kernel.calls) == 1
+        for n, v in enumerate(dsa.backend.DISPATCH_ENV):
+            monkeypatch.setenv(v, "1")
+            planned(x)  # recorded
+            monkeypatch.setenv(v, "0")
+            planned(x)  # recorded
+            planned(x)  # replayed
+            assert len(calls) == 3 + 2 * n and len(kernel.calls) == 2 + n
+        for v in dsa.backend.DISPATCH_ENV:
+            monkeypatch.delenv(v)
+        planned(x)  # the first signature again: replayed
+        assert len(calls) == 7 and len(kernel.calls) == 5
+    finally:
+        _replay.set_enabled(None)
+
+
 def test_sparse_mla_wrapper_records_only_what_replays(monkeypatch):
     """The public wrapper's own path (checks, views, dispatch) with its kernels stood in for: recorded once, then
     replayed on fresh tensors without running the wrapper again; a call with another signature (here ``sm_scale``
