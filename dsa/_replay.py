@@ -28,7 +28,7 @@ module's constants) calls :func:`clear` after each change, or turns plans off (:
 
 Measured (BENCHMARKS.md, fifty-seventh and fifty-eighth sessions): host µs per eager ``sparse_mla`` decode call with
 the GPU kept busy, plans off -> on, 181-239 -> 43-55 on the H200 machine, where the kernels take 9-35 µs; the eager
-decode steps of ``dsa run`` (4 layers, every op planned, H100 machine) 482 -> 653 tokens/s.
+decode steps of ``dsa run`` (4 layers, every op planned, H100 machine) 475 -> 686 tokens/s.
 """
 from __future__ import annotations
 
