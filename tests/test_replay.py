@@ -253,6 +253,15 @@ def test_planned_signatures(monkeypatch):
         _replay.set_enabled(None)
 
 
+def test_every_public_op_that_launches_kernels_is_planned():
+    """Each op of ``dsa.__all__`` that launches kernels replays its eager calls; the two that do not are the host's
+    chunk splitter and the torch Hadamard transform."""
+    import dsa
+
+    unplanned = sorted(n for n in dsa.__all__ if not hasattr(getattr(dsa, n), "unplanned"))
+    assert unplanned == ["hadamard_128", "split_prefill_chunks"], unplanned
+
+
 def test_dispatch_variables_join_the_signature(monkeypatch):
     """Each variable of :data:`dsa.backend.DISPATCH_ENV`, set, changed or removed through ``os.environ`` between
     calls, gives another signature: the call is recorded again, not replayed from the plan of another setting."""
