@@ -180,8 +180,9 @@ def planned(op=None, *, slack: tuple = ()):
     and the environment variables that change what an op runs (:data:`dsa.backend.DISPATCH_ENV`). ``slack``: the
     names of tensor parameters whose storage past their last element the op looks at (up to 16 bytes: whether
     16-byte loads may run past a row's end); that many bytes join the signature. A call whose arguments do not hash,
-    whose first tensor is not on a CUDA device, that ``torch.compile`` traces or that runs inside another op's
-    recording, runs the op as it is; so does a new signature where :data:`RECORD_FREELY` says not to record it.
+    whose first tensor is not on a CUDA device, that ``torch.compile`` traces, that runs inside another op's
+    recording or that asks for the PyTorch reference (``backend="reference"`` or ``DSA_BACKEND=reference``) runs
+    the op as it is; so does a new signature where :data:`RECORD_FREELY` says not to record it.
     ``@planned`` or ``@planned(slack=(...))``."""
     if op is None:
         return functools.partial(planned, slack=slack)
@@ -194,10 +195,13 @@ def planned(op=None, *, slack: tuple = ()):
                 or getattr(_LOCAL, "recorder", None) is not None):  # (inside another op's recording: part of it)
             return op(*args, **kwargs)
         tensors = []
+        env = _dispatch_env()
+        backend = kwargs.get("backend")
+        if _reference(backend if backend is not None else env[_BACKEND_AT]):  # (PyTorch ops: nothing to replay)
+            return op(*args, **kwargs)
         try:
             key = (op, tuple([_arg_key(a, tensors) for a in args]),
-                   tuple([(k, _arg_key(kwargs[k], tensors)) for k in sorted(kwargs)]) if kwargs else (),
-                   _dispatch_env())
+                   tuple([(k, _arg_key(kwargs[k], tensors)) for k in sorted(kwargs)]) if kwargs else (), env)
             if slack_at:
                 key += tuple(_slack(args[i] if i < len(args) else kwargs.get(n)) for i, n in slack_at)
             if not tensors or not _on_gpu(tensors[0]):
@@ -255,6 +259,17 @@ def _env_reader():
 
 
 _dispatch_env = _env_reader()
+_BACKEND_AT = _backend.DISPATCH_ENV.index(_backend.ENV_VAR)
+
+
+def _reference(backend) -> bool:
+    """Whether a call's ``backend`` (argument, else ``DSA_BACKEND``; str or the environment's bytes) is the
+    PyTorch reference."""
+    if backend is None:
+        return False
+    if isinstance(backend, bytes):
+        backend = backend.decode(errors="replace")
+    return isinstance(backend, str) and backend.lower() == "reference"
 
 
 def _span(t: torch.Tensor) -> int:

@@ -13,8 +13,8 @@ The built-in workload (:meth:`Workload.default`):
 
 ``--model DIR`` serves a checkpoint instead (random prompt token ids of the given lengths).
 The report: TTFT per request, decode tokens/s, step latency percentiles, time per stage
-(indexer logits, top-k, attention, the rest: :class:`dsa.engine.StageProfiler`), peak memory,
-and with ``check`` the largest difference of sampled steps re-run on the reference backend.
+(indexer logits, top-k, attention, the rest: :class:`dsa.engine.StageProfiler`), on a GPU the
+eager op calls replayed from launch plans (:mod:`dsa._replay`), peak memory, and with ``check`` the largest difference of sampled steps re-run on the reference backend.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from . import backend as _backend
+from . import _replay, backend as _backend
 from .engine import STAGES, Engine, EngineConfig
 
 
@@ -115,6 +115,21 @@ class Report:
     check: dict | None = None
     warmup_seconds: float | None = None  # None: no warm-up run
     timed_compiles: int | None = None  # Triton kernel variants first launched in the timed run (None: not counted)
+    plans: dict | None = None  # launch plans in the timed run (dsa._replay): replayed, recorded, refused by reason
+
+
+def _plans_delta(before: dict, after: dict) -> dict:
+    """What :func:`dsa._replay.stats` counted between two snapshots, summed over the ops: eager calls ``replayed``,
+    signatures ``recorded``, and ``refused`` (signatures that run their op's own path every time) by reason."""
+    out = {"replayed": 0, "recorded": 0, "refused": {}}
+    for op, a in after.items():
+        b = before.get(op, {"replayed": 0, "recorded": 0, "unfit": {}})
+        out["replayed"] += a["replayed"] - b["replayed"]
+        out["recorded"] += a["recorded"] - b["recorded"]
+        for why, n in a["unfit"].items():
+            if n > b["unfit"].get(why, 0):
+                out["refused"][f"{op}: {why}"] = n - b["unfit"].get(why, 0)
+    return out
 
 
 def _pct(xs: list) -> dict:
@@ -241,10 +256,12 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
         bar.update(done, f"step {s.step_index} run {len(s.running)} wait {len(s.waiting)}"
                    + (f" [{rec.kind}]" if rec is not None else ""))
 
+    plans0 = _replay.stats()
     with _CompileCounter() as compiles:
         t0 = time.perf_counter()
         reqs = eng.run(progress=on_step)
         wall = time.perf_counter() - t0
+    plans = _plans_delta(plans0, _replay.stats()) if device.type == "cuda" and _replay.enabled() else None
     bar.close()
     resolved = _backend.resolve(backend, device)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
@@ -261,7 +278,7 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
                     graph_replays=eng.graph.num_replays if eng.graph else 0,
                     steps=len(eng.steps), blocks_all_returned=eng.blocks.all_free()),
         wall_seconds=wall, warmup_seconds=warm_s,
-        timed_compiles=compiles.count if device.type == "cuda" else None,
+        timed_compiles=compiles.count if device.type == "cuda" else None, plans=plans,
     )
     for r in reqs:
         rep.requests.append(dict(id=r.rid, prompt_len=len(r.prompt), arrival_step=r.arrival_step, status=r.status,
@@ -339,6 +356,11 @@ def format_report(rep: Report) -> str:
         for st in STAGES:
             lines.append(f"{st:<16}" + "".join(f"{rep.stage_seconds[k][st]:>12.4f}" for k in kinds)
                          + f"{rep.stage_total[st]:>12.4f}{100 * rep.stage_total[st] / tot:>7.1f}%")
+    if rep.plans is not None:
+        p = rep.plans
+        refused = "; ".join(f"{k} ({n})" for k, n in p["refused"].items())
+        lines += ["", f"launch plans (eager op calls; dsa/_replay.py): {p['replayed']:,} calls replayed, "
+                      f"{p['recorded']:,} signatures recorded, " + (f"refused: {refused}" if refused else "none refused")]
     if rep.peak_memory_bytes:
         lines.append(f"\npeak memory ({rep.peak_memory_kind}): {rep.peak_memory_bytes / 2**30:.2f} GiB")
     if rep.check is not None:

@@ -342,6 +342,8 @@ def test_gpu_dsa_run_small(capsys):
     assert rep["engine"]["cuda_graph"] == "capture" and rep["engine"]["graph_replays"] > 0
     assert rep["engine"]["blocks_all_returned"]
     assert all(r["status"] == "finished" and r["output_len"] == 32 for r in rep["requests"])
+    # (the eager steps' op calls replay from launch plans; the check's reference runs are not planned)
+    assert rep["plans"]["replayed"] > 0 and rep["plans"]["refused"] == {}, rep["plans"]
     # end to end the logits also differ through the indexer's discrete top-k: with random weights about a quarter
     # of the (layer, token) selections differ as sets from the reference's (near-ties in fp8 logits), so the
     # logits differ by more than the attention rounding. Measured on the H200 (2026-12-01, seeds 0-2): max

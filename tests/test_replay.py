@@ -264,14 +264,17 @@ def test_every_public_op_that_launches_kernels_is_planned():
 
 def test_dispatch_variables_join_the_signature(monkeypatch):
     """Each variable of :data:`dsa.backend.DISPATCH_ENV`, set, changed or removed through ``os.environ`` between
-    calls, gives another signature: the call is recorded again, not replayed from the plan of another setting."""
+    calls, gives another signature: the call is recorded again, not replayed from the plan of another setting. A call
+    for the PyTorch reference (``DSA_BACKEND`` or ``backend=``) runs the op, unrecorded."""
     import dsa.backend
 
     kernel, calls = _Kernel(), []
 
-    def op(x):
+    def op(x, backend=None):
         calls.append(1)
-        _replay._LOCAL.recorder.launch(_Jit, (1,), (x, x, x, 1, 1.0), {}, kernel)
+        rec = _replay._LOCAL.recorder
+        if rec is not None:
+            rec.launch(_Jit, (1,), (x, x, x, 1, 1.0), {}, kernel)
         return x
 
     planned = _replay.planned(op)
@@ -295,6 +298,12 @@ def test_dispatch_variables_join_the_signature(monkeypatch):
             monkeypatch.delenv(v)
         planned(x)  # the first signature again: replayed
         assert len(calls) == 7 and len(kernel.calls) == 5
+        n = len(_replay._PLANS)
+        monkeypatch.setenv("DSA_BACKEND", "Reference")  # (the PyTorch reference: the op as it is, not recorded)
+        planned(x)
+        monkeypatch.delenv("DSA_BACKEND")
+        planned(x, backend="reference")
+        assert len(calls) == 9 and len(kernel.calls) == 5 and len(_replay._PLANS) == n
     finally:
         _replay.set_enabled(None)
 
@@ -683,3 +692,27 @@ def test_gpu_planned_op_replayed_matches_its_own_path(case):
             assert torch.equal(w, _bits(g)), name
     keys = [k for k, _ in _replay._PLANS if k[0] is op.unplanned]
     assert len(keys) == 1 and _replay.lookup(keys[0]) is not None, (name, [_replay.why(k) for k in keys])
+
+
+def test_dsa_run_reports_the_timed_runs_plans():
+    """``dsa run``'s report counts the launch plans of its timed run: the difference of two :func:`stats`
+    snapshots, summed over the ops, refusals by op and reason; the text report prints it in one line."""
+    from dsa import pipeline
+
+    before = {"sparse_mla": {"recorded": 2, "replayed": 10, "unfit": {}},
+              "top_k_indices": {"recorded": 1, "replayed": 0, "unfit": {"runs aten.copy_.default": 1}}}
+    after = {"sparse_mla": {"recorded": 3, "replayed": 50, "unfit": {}},
+             "top_k_indices": {"recorded": 3, "replayed": 4, "unfit": {"runs aten.copy_.default": 2}},
+             "concat_and_cache_mla": {"recorded": 1, "replayed": 7, "unfit": {}}}
+    delta = pipeline._plans_delta(before, after)
+    assert delta == {"replayed": 51, "recorded": 4, "refused": {"top_k_indices: runs aten.copy_.default": 1}}
+    wl = pipeline.Workload(prompt_lens=[5], decode_steps=2, num_heads=16, topk=64, layers=1, hidden=64,
+                           q_lora_rank=32, intermediate=64, vocab=64, max_num_batched_tokens=64, max_num_seqs=1)
+    rep = pipeline.run(wl, torch.device("cpu"), progress=False)
+    assert rep.plans is None and "launch plans" not in pipeline.format_report(rep)  # (off on the CPU)
+    rep.plans = delta
+    text = pipeline.format_report(rep)
+    assert ("launch plans (eager op calls; dsa/_replay.py): 51 calls replayed, 4 signatures recorded, refused: "
+            "top_k_indices: runs aten.copy_.default (1)") in text
+    rep.plans = {"replayed": 1234, "recorded": 0, "refused": {}}
+    assert "1,234 calls replayed, 0 signatures recorded, none refused" in pipeline.format_report(rep)
