@@ -14,7 +14,8 @@ The built-in workload (:meth:`Workload.default`):
 ``--model DIR`` serves a checkpoint instead (random prompt token ids of the given lengths).
 The report: TTFT per request, decode tokens/s, step latency percentiles, time per stage
 (indexer logits, top-k, attention, the rest: :class:`dsa.engine.StageProfiler`), on a GPU the
-eager op calls replayed from launch plans (:mod:`dsa._replay`), peak memory, and with ``check`` the largest difference of sampled steps re-run on the reference backend.
+eager op calls replayed from launch plans (:mod:`dsa._replay`), peak memory, and with ``check``
+the largest difference of sampled steps re-run on the reference backend.
 """
 from __future__ import annotations
 
@@ -360,7 +361,8 @@ def format_report(rep: Report) -> str:
         p = rep.plans
         refused = "; ".join(f"{k} ({n})" for k, n in p["refused"].items())
         lines += ["", f"launch plans (eager op calls; dsa/_replay.py): {p['replayed']:,} calls replayed, "
-                      f"{p['recorded']:,} signatures recorded, " + (f"refused: {refused}" if refused else "none refused")]
+                      f"{p['recorded']:,} signatures recorded, "
+                      + (f"refused: {refused}" if refused else "none refused")]
     if rep.peak_memory_bytes:
         lines.append(f"\npeak memory ({rep.peak_memory_kind}): {rep.peak_memory_bytes / 2**30:.2f} GiB")
     if rep.check is not None:
