@@ -107,9 +107,7 @@ def keep(t: torch.Tensor) -> torch.Tensor:
 def tensor_key(t):
     """What a plan's signature holds of one tensor argument (``None`` stays ``None``): shape, strides, dtype,
     device and the address modulo 16 (the launcher specialises pointers on 16-byte alignment)."""
-    if t is None:
-        return None
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16
+    return None if t is None else _arg_key(t, [])
 
 
 def _device() -> int:
@@ -234,8 +232,8 @@ _SCALARS = frozenset({bool, int, float, str, type(None)})
 
 
 def _arg_key(a, tensors: list):
-    """One argument's part of a signature; its tensors appended to ``tensors``, in order (:func:`tensor_key`,
-    written out: this runs for every argument of every call)."""
+    """One argument's part of a signature (a tensor's: :func:`tensor_key`); its tensors appended to ``tensors``, in
+    order."""
     if isinstance(a, torch.Tensor):
         tensors.append(a)
         return a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16
