@@ -255,7 +255,8 @@ def test_static_experts_match_the_eager_loop(models):
 
 def test_graph_packed_metadata_equals_builder(models):
     """The graph path's packed decode metadata (built directly, two copies per step) holds exactly
-    what build_step_metadata gives for the padded step, for random decode batches; every one of its
+    what build_step_metadata gives for the padded step, and the step's token ids (padding rows 0), for
+    random decode batches, each bucket refilled with fewer requests than before; every one of its
     tensors starts on a 16-byte boundary (one compiled kernel variant for every bucket)."""
     import dataclasses
     import random
@@ -268,8 +269,7 @@ def test_graph_packed_metadata_equals_builder(models):
     run = DecodeGraphRunner(m, cache, max_model_len=300, buckets=[1, 4, 8], pad_block=40, capture=False)
     assert run.fast
     rnd = random.Random(0)
-    for _ in range(6):
-        n = rnd.randint(1, 8)
+    for n in (8, 5, 3, 2, 1, 7, 4, 6):  # (buckets 8 and 4 refilled with fewer requests)
         bucket = run.bucket_for(n)
         specs = []
         for _ in range(n):
@@ -277,8 +277,10 @@ def test_graph_packed_metadata_equals_builder(models):
             specs.append(RequestSpec(L - 1, 1, rnd.sample(range(40), -(-L // 16))))
         if bucket not in run._host:
             run._get(bucket)
-        md_s = run._graphs[bucket][2]
-        run._fill_packed(specs, bucket)
+        ids_s, md_s = run._graphs[bucket][1:3]
+        ids = [rnd.randrange(1 << 40) for _ in specs]
+        run._fill_packed(specs, bucket, ids)
+        assert torch.equal(ids_s, torch.tensor(ids + [0] * (bucket - n))) and ids_s.data_ptr() % 16 == 0
         want = run._metadata(run._padded_specs(specs, bucket))
         for f in dataclasses.fields(want):
             a, b = getattr(md_s, f.name), getattr(want, f.name)

@@ -10,7 +10,8 @@ a request's cache. Every shape inside the graph is fixed per bucket:
   fixed; each row is limited by its device-side context length);
 * the step metadata lives in static tensors that each replay overwrites: with the fp8 indexer they
   are views of one packed int32 and one int64 buffer, written by two host-to-device copies (the
-  values of :func:`~dsa.model.build_step_metadata` on the padded step, built here directly);
+  values of :func:`~dsa.model.build_step_metadata` on the padded step, built here directly, and
+  the step's token ids);
   with the bf16 indexer the padded metadata is built and copied field by field.
 
 MoE layers run :func:`static_experts_forward` inside the graph (the eager expert loop syncs).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from ..model.metadata import RequestSpec, StepMetadata, build_step_metadata
@@ -139,8 +141,8 @@ class DecodeGraphRunner:
     def _packed_layout(B: int, MB: int) -> tuple:
         """(int32 field sizes, their offsets, int32 total, int64 field size, its offsets, int64 total) of the
         packed buffers of a bucket of ``B`` decodes: int32 [qsl B+1, seq_lens B, block table B x MB, req_id B,
-        sparse_seqlens B, prefill cu 1], int64 [last_token_index B, positions B, slot_mapping B]. Every field
-        starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, so aligned fields
+        sparse_seqlens B, prefill cu 1], int64 [last_token_index B, positions B, slot_mapping B, token ids B].
+        Every field starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, so aligned fields
         keep every bucket on the same compiled variants."""
         def place(sizes, per16):
             offs, o = [], 0
@@ -151,19 +153,20 @@ class DecodeGraphRunner:
 
         n32 = [B + 1, B, B * MB, B, B, 1]
         o32, t32 = place(n32, 4)
-        o64, t64 = place([B, B, B], 2)
+        o64, t64 = place([B, B, B, B], 2)
         return n32, o32, t32, B, o64, t64
 
-    def _packed(self, bucket: int) -> StepMetadata:
+    def _packed(self, bucket: int) -> tuple:
         """A static :class:`StepMetadata` of ``bucket`` decodes whose tensors are views of one int32
-        and one int64 device buffer (refreshed by two host-to-device copies per step)."""
+        and one int64 device buffer (refreshed by two host-to-device copies per step), and the step's
+        token ids, a view of the int64 buffer too."""
         B, MB, dev = bucket, self.max_blocks, self.device
         n32, o32, t32, n64, o64, t64 = self._packed_layout(B, MB)
         i32 = torch.zeros(t32, dtype=torch.int32, device=dev)
         i64 = torch.zeros(t64, dtype=torch.int64, device=dev)
         qsl, seq, bt, req, sps, pcu = (i32[o:o + n] for o, n in zip(o32, n32))
         bt = bt.view(B, MB)
-        last, pos, slots = (i64[o:o + n64] for o in o64)
+        last, pos, slots, ids = (i64[o:o + n64] for o in o64)
         m = self.model
         md = StepMetadata(
             block_size=self.bs, index_topk=m.config.index_topk, next_n=1, order=list(range(B)), num_reqs=B,
@@ -173,37 +176,51 @@ class DecodeGraphRunner:
             max_decode_context_len=self.max_ctx, prefill_cu_seq_lens=pcu, prefill_block_table=bt[B:],
             num_prefill_keys=0, prefill_chunks=[])
         pin = dev.type == "cuda"
-        self._host[B] = (torch.zeros(t32, dtype=torch.int32, pin_memory=pin),
-                         torch.zeros(t64, dtype=torch.int64, pin_memory=pin), i32, i64)
-        return md
+        h32 = torch.zeros(t32, dtype=torch.int32, pin_memory=pin)
+        h64 = torch.zeros(t64, dtype=torch.int64, pin_memory=pin)
+        a32, a64 = h32.numpy(), h64.numpy()
+        a32[o32[0]:o32[0] + B + 1] = np.arange(B + 1)  # query starts (the prefill start, the last field, stays 0)
+        a32[o32[3]:o32[3] + B] = np.arange(B)  # request ids
+        a64[o64[0]:o64[0] + B] = np.arange(B)  # last-token rows
+        self._host[B] = (h32, h64, i32, i64)
+        return md, ids
 
-    def _fill_packed(self, specs: list, bucket: int) -> None:
-        """Write the padded decode metadata of ``specs`` into the packed buffers of ``bucket``
-        (the same values as :func:`build_step_metadata` on the padded specs, see the tests)."""
+    def _fill_packed(self, specs: list, bucket: int, token_ids=()) -> None:
+        """Write the padded decode metadata of ``specs`` and their ``token_ids`` into the packed buffers of
+        ``bucket`` (the same values as :func:`build_step_metadata` on the padded specs, see the tests). The fields
+        that never change (query starts, request ids, last-token rows) were written with the buffers;
+        the rest are written in place through numpy views of the pinned host buffers."""
         h32, h64, i32, i64 = self._host[bucket]
         B, MB, bs, K = bucket, self.max_blocks, self.bs, self.model.config.index_topk
-        lens = [sp.num_computed + sp.num_new for sp in specs] + [1] * (B - len(specs))
-        blocks = [list(sp.block_ids) for sp in specs] + [[self.pad_block]] * (B - len(specs))
-        bt = []
-        for b in blocks:
+        n32, o32, _, n64, o64, _ = self._packed_layout(B, MB)
+        a32, a64 = h32.numpy(), h64.numpy()
+        lens = [sp.num_computed + sp.num_new for sp in specs]
+        slots = []
+        for sp, L in zip(specs, lens):
+            b = sp.block_ids
             if len(b) > MB:
                 raise ValueError(f"DecodeGraphRunner: a request holds {len(b)} blocks, the graphs were built for "
                                  f"{MB} (max_model_len)")
-            bt += b + [-1] * (MB - len(b))
-        slots = [blocks[j][(L - 1) // bs] * bs + (L - 1) % bs for j, L in enumerate(lens)]
-        f32 = [list(range(B + 1)), lens, bt, list(range(B)), [min(L, K) for L in lens], [0]]
-        f64 = [list(range(B)), [L - 1 for L in lens], slots]
-        _, o32, t32, _, o64, t64 = self._packed_layout(B, MB)
-        a32, a64 = [0] * t32, [0] * t64
-        for o, v in zip(o32, f32):
-            a32[o:o + len(v)] = v
-        for o, v in zip(o64, f64):
-            a64[o:o + len(v)] = v
+            slots.append(b[(L - 1) // bs] * bs + (L - 1) % bs)
+        pad = B - len(specs)
+        lens += [1] * pad
+        slots += [self.pad_block * bs] * pad
         evt = self._copied.get(bucket)
         if evt is not None:
             evt.synchronize()  # the previous copy out of the host buffers is done (normally long ago)
-        h32.copy_(torch.tensor(a32, dtype=torch.int32))
-        h64.copy_(torch.tensor(a64, dtype=torch.int64))
+        L = np.asarray(lens, dtype=np.int64)
+        a32[o32[1]:o32[1] + B] = L
+        bt = a32[o32[2]:o32[2] + B * MB].reshape(B, MB)
+        bt.fill(-1)
+        for j, sp in enumerate(specs):
+            bt[j, :len(sp.block_ids)] = sp.block_ids
+        bt[len(specs):, 0] = self.pad_block
+        a32[o32[4]:o32[4] + B] = np.minimum(L, K)
+        a64[o64[1]:o64[1] + B] = L - 1
+        a64[o64[2]:o64[2] + B] = slots
+        ids = a64[o64[3]:o64[3] + B]
+        ids[:len(token_ids)] = token_ids
+        ids[len(token_ids):] = 0
         i32.copy_(h32, non_blocking=True)
         i64.copy_(h64, non_blocking=True)
         if self.device.type == "cuda":
@@ -237,11 +254,11 @@ class DecodeGraphRunner:
         if bucket in self._graphs:
             return self._graphs[bucket]
         if self.fast:
-            md = self._packed(bucket)
+            md, ids = self._packed(bucket)
             self._fill_packed([], bucket)  # all rows: padding (touch the scratch block only)
         else:
             md = self._metadata(self._padded_specs([], bucket))
-        ids = torch.zeros(bucket, dtype=torch.long, device=self.device)
+            ids = torch.zeros(bucket, dtype=torch.long, device=self.device)
         graph, logits = None, None
         if self.capture:
             s = torch.cuda.Stream(self.device)
@@ -269,10 +286,10 @@ class DecodeGraphRunner:
         self.num_padded_steps += bucket > B
         graph, ids, md_s, logits = self._get(bucket)
         if self.fast:
-            self._fill_packed(specs, bucket)
+            self._fill_packed(specs, bucket, token_ids)  # (the ids are a field of the packed buffers)
         else:
             self._copy_md(md_s, self._metadata(self._padded_specs(specs, bucket)))
-        ids.copy_(torch.tensor(list(token_ids) + [0] * (bucket - B), dtype=torch.long), non_blocking=False)
+            ids.copy_(torch.tensor(list(token_ids) + [0] * (bucket - B), dtype=torch.long), non_blocking=False)
         if graph is None:
             logits = self._forward(ids, md_s)
         else:

@@ -154,7 +154,7 @@ class Engine:
         if not sched:
             s.step_index += 1
             return None
-        specs = [RequestSpec(r.num_computed, n, list(r.blocks)) for r, n in sched]
+        specs = [RequestSpec(r.num_computed, n, r.blocks) for r, n in sched]  # (read within the step)
         pure_decode = all(n == 1 for _, n in sched)
         use_graph = self.graph is not None and pure_decode and len(sched) <= self.graph.max_batch
         every = max(self.cfg.profile_decode_every, 1)
