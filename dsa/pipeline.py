@@ -276,7 +276,7 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
                     cuda_graph=eng.graph_mode, cuda_graph_note=eng.graph_note,
                     graph_buckets=eng.graph.buckets if eng.graph else None,
                     graph_captures=eng.graph.num_captures if eng.graph else 0,
-                    graph_replays=eng.graph.num_replays if eng.graph else 0,
+                    graph_replays=eng.graph.num_replays if eng.graph else 0, async_steps=eng.num_async_steps,
                     steps=len(eng.steps), blocks_all_returned=eng.blocks.all_free()),
         wall_seconds=wall, warmup_seconds=warm_s,
         timed_compiles=compiles.count if device.type == "cuda" else None, plans=plans,
@@ -326,8 +326,8 @@ def format_report(rep: Report) -> str:
         f"engine: block {e['block_size']} x {e['num_blocks']} blocks, "
         f"budget {e['max_num_batched_tokens']} tokens/step, "
         f"<= {e['max_num_seqs']} running, {e['steps']} steps, CUDA graphs {e['cuda_graph']}"
-        + (f" (buckets {e['graph_buckets']}, {e['graph_captures']} captured, {e['graph_replays']} replays)"
-           if e["graph_buckets"] else "")
+        + (f" (buckets {e['graph_buckets']}, {e['graph_captures']} captured, {e['graph_replays']} replays, "
+           f"{e['async_steps']} steps not waiting for their tokens)" if e["graph_buckets"] else "")
         + (f" [{e['cuda_graph_note']}]" if e["cuda_graph_note"] else ""),
         "warm-up: " + (f"{rep.warmup_seconds:.1f} s before the timed run (the same workload once, untimed: Triton "
                        "compiles the kernels there)" if rep.warmup_seconds is not None else "none (times include "

@@ -176,6 +176,68 @@ def test_eos_stops_and_frees(models):
     assert eng.blocks.all_free()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_async_decode_equals_waiting_for_each_step(models, seed):
+    """Graph decode steps that read their tokens a step late (``async_decode``, fp8 indexer, run eagerly as
+    "static") give every request exactly the tokens, finish reasons and blocks of the engine that waits for each
+    step: random budgets, chunks (1-token chunks: prompt tokens in graph steps), arrivals while decoding (eager
+    steps in between read the tokens in flight), lengths per request, and an EOS that the first request emits
+    mid-run (found a step late: the token computed after it is dropped)."""
+    import random
+
+    rnd = random.Random(seed)
+    m = models["fp8"]
+    prompts = _prompts(10 + seed, [rnd.randint(1, 40) for _ in range(5)])
+    new = [rnd.randint(1, 9) for _ in prompts]
+    free_run = generate(m, prompts[:1], 9, ignore_eos=True, block_size=16)[0]
+    eos = free_run[rnd.randint(1, 5)] if seed % 2 == 0 else None
+    if eos is not None:
+        new[0] = 9  # (the first request reaches its EOS before its length)
+    kw = dict(block_size=rnd.choice([1, 16]), num_blocks=400, max_num_batched_tokens=rnd.randint(5, 48),
+              max_num_seqs=rnd.randint(2, 5), max_prefill_chunk=rnd.choice([None, 1, rnd.randint(2, 20)]),
+              cuda_graph="static", ignore_eos=eos is None)
+    arrivals = [rnd.randint(0, 12) for _ in prompts]
+    m.config.eos_token_id, eos0 = eos, m.config.eos_token_id
+    try:
+        got, computed = {}, {}
+        for on in (False, True):
+            eng = Engine(m, EngineConfig(**kw, async_decode=on))
+            reqs = [eng.add_request(p, n, arrival_step=a) for p, n, a in zip(prompts, new, arrivals)]
+            eng.run()
+            assert (eng.num_async_steps > 0) == on, kw
+            assert eng.blocks.all_free() and eng._inflight is None
+            assert all(r.ttft is not None and r.ttft >= 0 and r.t_finish >= r.t_first_token for r in reqs)
+            got[on] = [(r.output, r.finish_reason, r.status) for r in reqs]
+            computed[on] = sum(rec.num_tokens for rec in eng.steps)
+    finally:
+        m.config.eos_token_id = eos0
+    assert got[True] == got[False], kw
+    # no token computed twice; at most one computed past each EOS (found a step late)
+    stops = sum(reason == "stop" for _, reason, _ in got[True])
+    assert computed[False] <= computed[True] <= computed[False] + stops, kw
+    assert all(len(o) == n or (reason == "stop" and o[-1] == eos) for (o, reason, _), n in zip(got[True], new))
+    if eos is not None:
+        assert got[True][0][1] == "stop"
+
+
+def test_async_decode_own_step_loop_then_sync(models, oracle):
+    """Driving the engine step by step: a step may leave one graph step's tokens in flight (placeholders -1), and
+    :meth:`Engine.sync` reads them; a request whose last token is in flight is not scheduled again."""
+    eng = _engine(models["fp8"], block_size=16, num_blocks=40, max_num_batched_tokens=64, max_num_seqs=8,
+                  cuda_graph="static")
+    reqs = [eng.add_request(p, NEW) for p in PROMPTS]
+    saw_placeholder = False
+    while eng.sched.has_work():
+        eng.step()
+        saw_placeholder |= any(-1 in r.output for r in reqs)
+        assert all(r.output.count(-1) <= 1 and len(r.output) <= NEW for r in reqs)
+    eng.sync()
+    assert saw_placeholder and eng.num_async_steps > 0
+    assert [r.output for r in reqs] == oracle["fp8"] and eng.blocks.all_free()
+    # each request's prompt and every new token but the last went through the model once
+    assert sum(rec.num_tokens for rec in eng.steps) == sum(len(p) + NEW - 1 for p in PROMPTS)
+
+
 def test_profiler_and_check(models):
     """Stage timing is collected only while profiling, the ops are restored afterwards, and
     --check's re-run of sampled steps on the reference backend agrees (here: reference vs
@@ -306,25 +368,27 @@ def test_profiler_wraps_only_inside():
 @pytest.mark.parametrize("indexer,moe", [("fp8", False), ("bf16", False), ("fp8", True)])
 def test_gpu_cuda_graph_replay_equals_eager(indexer, moe):
     """Captured decode graphs (one per bucket) replay exactly what the same padded fixed-shape step
-    computes eagerly ("static"); the plain eager engine and generate agree on the tokens. With MoE
-    layers the graphs hold the capturable expert path."""
+    computes eagerly ("static"); so do they when every step waits for its tokens (with the fp8 indexer the
+    default reads them a step late, the next step taking them on the device); the plain eager engine and
+    generate agree on the tokens. With MoE layers the graphs hold the capturable expert path."""
     cfg = tiny_config(num_hidden_layers=2, first_k_dense_replace=1 if moe else 2)
     m = random_model(cfg, seed=0).to("cuda")
     m.set_options(indexer_dtype=indexer, kv_format="fp8_ds_mla" if indexer == "fp8" else "bf16")
     ps = _prompts(7, [300, 45, 9, 700, 1, 130])
     want = generate(m, ps, 12, ignore_eos=True, block_size=64)
     outs = {}
-    for graph in ("off", "static", "capture"):
+    for graph in ("off", "static", "capture", "capture, waiting"):
         eng = _engine(m, block_size=64, num_blocks=64, max_num_batched_tokens=256, max_num_seqs=4,
-                      max_prefill_chunk=100, cuda_graph=graph)
+                      max_prefill_chunk=100, cuda_graph=graph.split(",")[0], async_decode="waiting" not in graph)
         for i, p in enumerate(ps):
             eng.add_request(p, 12, arrival_step=3 * i)
         outs[graph] = [r.output for r in eng.run()]
         assert eng.blocks.all_free()
-        if graph == "capture":
+        if graph.startswith("capture"):
             assert eng.graph.num_captures >= 2 and eng.graph.num_replays > 10
             assert any(s.kind == "decode_graph" for s in eng.steps)
-    assert outs["capture"] == outs["static"]
+            assert (eng.num_async_steps > 10) == (graph == "capture" and indexer == "fp8")
+    assert outs["capture"] == outs["static"] == outs["capture, waiting"]
     # a different batch shape may round a GEMM differently: allow one near-tie flip
     assert sum(a == b for a, b in zip(outs["off"], outs["capture"])) >= len(ps) - 1
     assert sum(a == b for a, b in zip(outs["off"], want)) >= len(ps) - 1

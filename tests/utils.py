@@ -98,10 +98,13 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 def compiled_in_subprocess(body: str, prefixes: tuple, timeout: int = 900) -> dict:
     """Run ``body`` in a fresh Python without the Triton interpreter, which cannot compile Gluon for sm_90a: with
     ``benchmarks/`` importable, ``bulk_gather`` as ``G``, ``PRE`` = ``prefixes`` and its printing silenced, it fills
-    ``out[name]`` (e.g. with ``G.sass_counts(kernel, PRE)``). Returns ``out``."""
+    ``out[name]`` (e.g. with ``G.sass_counts(kernel, PRE)``). Returns ``out``. It compiles into an empty Triton cache:
+    the cache's key leaves out where a kernel sits in its file, so a cached binary may carry the source lines of an
+    earlier version of the file, and the tests that map SASS back to source lines would read stale ones."""
     import json
     import subprocess
     import sys
+    import tempfile
     import textwrap
 
     skip_unless_gluon_triton()
@@ -109,6 +112,8 @@ def compiled_in_subprocess(body: str, prefixes: tuple, timeout: int = 900) -> di
               f"PRE = {tuple(prefixes)!r}\nout = {{}}\nwith contextlib.redirect_stdout(io.StringIO()):\n"
               + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\nprint(json.dumps(out))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -14,6 +14,14 @@ gets its next token (greedy by default, as :func:`dsa.model.generate`). Requests
 ``max_new_tokens`` or at the config's EOS (unless ``ignore_eos``) and give their blocks back.
 A pure-decode step on a GPU replays a CUDA graph (:mod:`dsa.engine.cuda_graph`) when the model
 allows it.
+
+With ``async_decode`` (the default) greedy graph steps over the fp8 indexer do not wait for their
+tokens: a step launches its graph, whose rows take the previous step's tokens on the device, and
+only then reads the previous step's tokens (long done), so the host schedules and writes step N + 1
+while the GPU runs step N. A sampled token is a placeholder (-1) in ``tokens`` and ``output`` until
+it is read. A request whose last token is in flight is not scheduled again; one that stops at EOS
+is found a step late, and the extra token computed for it is dropped. Any other step first reads
+the tokens in flight (:meth:`Engine.sync`).
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from ..model.metadata import RequestSpec, build_step_metadata
 from .block_manager import BlockManager
 from .cuda_graph import DecodeGraphRunner, default_buckets, graph_unsupported_reason
 from .profiler import StageProfiler
-from .scheduler import FINISHED, Request, Scheduler, SchedulerConfig
+from .scheduler import FINISHED, RUNNING, Request, Scheduler, SchedulerConfig
 
 
 @dataclass
@@ -48,6 +56,8 @@ class EngineConfig:
     check_max_tokens: int = 4096  # largest step re-run by check
     check_decode_every: int = 64
     greedy: bool = True
+    #: greedy CUDA-graph decode steps (fp8 indexer) read their tokens a step late (see the module's docstring)
+    async_decode: bool = True
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
@@ -120,6 +130,8 @@ class Engine:
         self.checks: list = []
         self.requests: list = []
         self._decode_steps = 0
+        self._inflight = None  # the graph step whose tokens are not read yet: (rows [(row, request, k)], host, event)
+        self.num_async_steps = 0  # graph steps that did not wait for their tokens (async_decode)
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ requests
@@ -151,16 +163,21 @@ class Engine:
                 r.t_arrival = t_start
             if r.status == FINISHED:
                 r.t_finish = t_start
-        if not sched:
-            s.step_index += 1
-            return None
-        specs = [RequestSpec(r.num_computed, n, r.blocks) for r, n in sched]  # (read within the step)
-        pure_decode = all(n == 1 for _, n in sched)
+        pure_decode = bool(sched) and all(n == 1 for _, n in sched)
         use_graph = self.graph is not None and pure_decode and len(sched) <= self.graph.max_batch
         every = max(self.cfg.profile_decode_every, 1)
         if use_graph and self.profiler is not None and self._decode_steps % every == every // 2:
             use_graph = False  # a sampled eager decode step gives the per-stage split
         check = self._want_check(pure_decode, sum(n for _, n in sched))
+        if not (use_graph and self._async_ok(check)):
+            self.sync()  # this step needs the tokens in flight on the host; one at EOS ends its request
+            sched = [(r, n) for r, n in sched if r.status == RUNNING]
+        if not sched:
+            s.step_index += 1
+            return None
+        specs = [RequestSpec(r.num_computed, n, r.blocks) for r, n in sched]  # (read within the step)
+        if use_graph and self._async_ok(check):
+            return self._step_async(sched, specs, t0)
         if use_graph:
             kind = "decode_graph"
             ids = [r.tokens[r.num_computed] for r, _ in sched]
@@ -209,6 +226,67 @@ class Engine:
         self.steps.append(rec)
         s.step_index += 1
         return rec
+
+    def _async_ok(self, check: bool) -> bool:
+        return (self.cfg.async_decode and self.graph is not None and self.graph.fast and not check
+                and (self.cfg.greedy or self.cfg.temperature <= 0))
+
+    def _step_async(self, sched, specs, t0) -> StepRecord:
+        """A greedy graph step that does not wait for its tokens (``async_decode``): rows whose input token is still
+        in flight take it on the device; then the previous step's tokens are read (:meth:`sync`)."""
+        s = self.sched
+        prev = {id(r): j for j, r, _ in self._inflight[0]} if self._inflight is not None else {}
+        ids, src = [], []
+        for r, _ in sched:
+            tok = r.tokens[r.num_computed]
+            ids.append(max(tok, 0))
+            src.append(prev[id(r)] if tok < 0 else -1)
+        if self.profiler is not None:
+            self.profiler.enabled = False
+        self.graph.run(specs, ids, src)
+        host, evt = self.graph.fetch_tokens(len(sched))
+        if self.profiler is not None:
+            self.profiler.enabled = True
+        rows = []
+        for j, (r, n) in enumerate(sched):
+            r.num_computed += n
+            if r.num_computed == len(r.tokens):  # a token is sampled for r: a placeholder until read
+                rows.append((j, r, len(r.output)))
+                r.tokens.append(-1)
+                r.output.append(-1)
+                r.last_in_flight = len(r.output) >= r.max_new_tokens  # (not scheduled again)
+        self._decode_steps += 1
+        self.num_async_steps += 1
+        self.sync()
+        self._inflight = (rows, host, evt)
+        rec = StepRecord(s.step_index, "decode_graph", len(sched), len(sched), len(sched), time.perf_counter() - t0)
+        self.steps.append(rec)
+        s.step_index += 1
+        return rec
+
+    def sync(self) -> None:
+        """Read the tokens of the graph step still in flight (``async_decode``), if any: they replace their
+        placeholders, and a request that reached EOS or its length finishes (tokens computed for it after an EOS
+        are dropped). :meth:`run` ends with it; call it after your own :meth:`step` calls."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        rows, host, evt = inflight
+        if evt is not None:
+            evt.synchronize()
+        toks = host.tolist()
+        t = self.now()
+        for j, r, k in rows:
+            if r.status == FINISHED:  # it stopped at an EOS read a step earlier: this token is not its
+                continue
+            tok = toks[j]
+            r.output[k] = r.tokens[len(r.prompt) + k] = tok
+            if r.t_first_token is None:
+                r.t_first_token = t
+            if tok in self.eos or k + 1 >= r.max_new_tokens:
+                del r.output[k + 1:], r.tokens[len(r.prompt) + k + 1:]
+                r.t_finish = t
+                self.sched.finish(r, "stop" if tok in self.eos else "length")
 
     def _metadata(self, sched, specs):
         m = self.model
@@ -297,6 +375,7 @@ class Engine:
                 rec = self.step()
                 if progress is not None:
                     progress(self, rec)
+            self.sync()
         finally:
             if self.profiler is not None:
                 self.profiler.__exit__(None, None, None)

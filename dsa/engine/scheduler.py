@@ -37,6 +37,7 @@ class Request:
     num_computed: int = 0  # tokens whose keys are in the cache
     blocks: list = field(default_factory=list)
     blocks_needed: int = 0  # whole-request reservation
+    last_in_flight: bool = False  # its last token is sampled on the GPU, not yet read (Engine's async_decode)
     finish_reason: str | None = None
     # wall-clock marks (seconds, engine clock)
     t_arrival: float | None = None
@@ -152,7 +153,7 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         out = []
         for r in self.running:  # decodes: the prompt is cached, one pending token
-            if r.prompt_done and budget > 0:
+            if r.prompt_done and budget > 0 and not r.last_in_flight:
                 out.append((r, len(r.tokens) - r.num_computed))
                 budget -= out[-1][1]
         for r in self.running:  # prefill chunks

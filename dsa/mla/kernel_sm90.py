@@ -38,7 +38,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
   ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
   heads, where the producers' fill sets the time per tile). ``COLS2`` (off: 0.5-5% slower on an H100, where the fill
-  sets these calls) adds a second math warpgroup that takes P.V over output columns 256-511 (:func:`_math_cols_hi`).
+  sets these calls, and 2.4% slower at 32-head prefill on an H200, where the math does) adds a second math
+  warpgroup that takes P.V over output columns 256-511 (:func:`_math_cols_hi`).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
@@ -124,10 +125,10 @@ PERSIST = True
 #: warpgroups that split the output columns (``COLS2``): the lead (:func:`_math_rows`) runs every tile's QK and
 #: softmax and the P.V of columns 0-255, and hands P and the tile's rescale factor to the second
 #: (:func:`_math_cols_hi`, ``COLS2_REGS`` registers per format), which runs the P.V of columns 256-511 beside the
-#: lead's next QK and softmax. Off until measured faster (BENCHMARKS.md, fiftieth session). The registers (sm_90a
-#: compile, 32 heads): over fp8_ds_mla the lead keeps 512 - 2 x 120 (producers) - 96 = 176 and spills 3 values a tile
-#: around the lazy max; the second warpgroup spills only in its epilogue at 96, and in its loop at 80 or 88. Over bf16
-#: the lead keeps 256.
+#: lead's next QK and softmax. Off: slower in every case measured (BENCHMARKS.md, fiftieth session on an H100,
+#: fifty-seventh on an H200). The registers (sm_90a compile, 32 heads): over fp8_ds_mla the lead keeps 512 - 2 x
+#: 120 (producers) - 96 = 176 and spills 3 values a tile around the lazy max; the second warpgroup spills only in its
+#: epilogue at 96, and in its loop at 80 or 88. Over bf16 the lead keeps 256.
 COLS2 = {False: (), True: ()}
 COLS2_REGS = {False: 128, True: 96}
 
