@@ -106,6 +106,7 @@ class Report:
     requests: list = field(default_factory=list)
     ttft_seconds: list = field(default_factory=list)
     decode_tokens_per_s: float = 0.0
+    decode_graph_tokens_per_s: float | None = None  # the CUDA-graph decode steps alone (None: no such step)
     output_tokens: int = 0
     wall_seconds: float = 0.0
     step_latency_ms: dict = field(default_factory=dict)
@@ -290,6 +291,9 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
     dec = [s for s in eng.steps if s.kind in ("decode", "decode_graph")]
     dsec = sum(s.seconds for s in dec)
     rep.decode_tokens_per_s = sum(s.num_decodes for s in dec) / dsec if dsec > 0 else 0.0
+    gdec = [s for s in dec if s.kind == "decode_graph"]
+    if gdec:
+        rep.decode_graph_tokens_per_s = sum(s.num_decodes for s in gdec) / max(sum(s.seconds for s in gdec), 1e-12)
     rep.step_latency_ms = {"all": _pct([s.seconds for s in eng.steps]),
                            "decode": _pct([s.seconds for s in dec]),
                            "decode_graph": _pct([s.seconds for s in eng.steps if s.kind == "decode_graph"]),
@@ -341,8 +345,10 @@ def format_report(rep: Report) -> str:
         t = f"{r['ttft_s'] * 1e3:10.1f}" if r["ttft_s"] is not None else f"{'-':>10}"
         st = r["status"] + (f": {r['error']}" if r["error"] else "")
         lines.append(f"{r['id']:>8} {r['prompt_len']:>8} {r['arrival_step']:>8} {r['output_len']:>5} {t}  {st}")
-    lines += ["", f"decode: {rep.decode_tokens_per_s:,.1f} tokens/s; {rep.output_tokens} tokens out in "
-                  f"{rep.wall_seconds:.2f} s"]
+    graph_tps = rep.decode_graph_tokens_per_s
+    lines += ["", f"decode: {rep.decode_tokens_per_s:,.1f} tokens/s"
+              + (f" (its CUDA-graph steps alone: {graph_tps:,.1f})" if graph_tps else "")
+              + f"; {rep.output_tokens} tokens out in {rep.wall_seconds:.2f} s"]
     lines.append(f"{'step latency ms':<22} {'n':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9}")
     for k, v in rep.step_latency_ms.items():
         if v:

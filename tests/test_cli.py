@@ -36,6 +36,8 @@ def test_run_triton_matches_reference(capsys, kv_format):
     assert all(r["output_len"] == 3 and r["ttft_s"] > 0 for r in rep["requests"])
     assert rep["engine"]["blocks_all_returned"]
     assert rep["decode_tokens_per_s"] > 0 and rep["step_latency_ms"]["all"]["n"] == rep["engine"]["steps"]
+    graph_steps = rep["step_latency_ms"]["decode_graph"]
+    assert (rep["decode_graph_tokens_per_s"] is None) == (not graph_steps), rep["decode_graph_tokens_per_s"]
     assert set(rep["stage_total"]) == {"indexer_logits", "top_k", "attention", "rest"}
     assert rep["stage_total"]["attention"] > 0 and rep["peak_memory_bytes"] > 0
 

@@ -406,6 +406,8 @@ def test_gpu_dsa_run_small(capsys):
                      "--check", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["engine"]["cuda_graph"] == "capture" and rep["engine"]["graph_replays"] > 0
+    assert rep["engine"]["graph_captures"] == len(rep["engine"]["graph_buckets"])  # all when the engine started
+    assert rep["engine"]["async_steps"] > 0 and rep["decode_graph_tokens_per_s"] > 0
     assert rep["engine"]["blocks_all_returned"]
     assert all(r["status"] == "finished" and r["output_len"] == 32 for r in rep["requests"])
     # (the eager steps' op calls replay from launch plans; the check's reference runs are not planned)

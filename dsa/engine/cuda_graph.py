@@ -1,4 +1,5 @@
-"""Decode steps as CUDA graphs: captured once per batch-size bucket, then replayed.
+"""Decode steps as CUDA graphs: captured once per batch-size bucket (all of them when the engine starts), then
+replayed.
 
 A pure-decode step of ``B`` requests runs as the graph of the smallest bucket ``>= B``; the
 ``bucket - B`` padding rows are decodes of context 1 whose only key lives in a scratch block
@@ -301,6 +302,11 @@ class DecodeGraphRunner:
             self.num_captures += 1
         self._graphs[bucket] = (graph, ids, md, logits, src)
         return self._graphs[bucket]
+
+    def capture_all(self) -> None:
+        """Capture every bucket's graph now (as an engine does when it starts), so that no step pays for a capture."""
+        for b in self.buckets:
+            self._get(b)
 
     # -- a step ---------------------------------------------------------------------
     @torch.no_grad()

@@ -122,6 +122,8 @@ class Engine:
             self.graph = DecodeGraphRunner(model, self.cache, max_model_len=max_len, buckets=buckets,
                                            pad_block=self.blocks.reserved_ids[0], capture=mode == "capture",
                                            max_logits_bytes=cfg.max_logits_bytes)
+            if mode == "capture":
+                self.graph.capture_all()  # (at start-up: a capture inside a step would cost it tens of ms)
         self.profiler = StageProfiler(self.device) if cfg.profile else None
         eos = model.config.eos_token_id
         self.eos = set() if cfg.ignore_eos or eos is None else set(eos if isinstance(eos, list) else [eos])
