@@ -55,15 +55,55 @@ def measure(wl, dev, label: str, waiting: bool = False) -> dict:
                                                          rec.index))
         return rec
 
+    # the eager decode steps (the stage profiler's samples): host time in each of the engine's parts, GPU time of the
+    # forward (events around it)
+    parts, eager = {}, {}
+    saved = {name: getattr(engine.Engine, name) for name in ("sync", "_metadata", "_forward", "_pick")}
+
+    def timed_part(name, fn):
+        def call(self, *a, **k):
+            t = time.perf_counter()
+            if name == "_forward":
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                out = fn(self, *a, **k)
+                e1.record()
+                parts["gpu"] = (e0, e1)
+            else:
+                out = fn(self, *a, **k)
+            parts[name] = parts.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return call
+
+    def timed_eager_step(self):
+        parts.clear()
+        t0 = time.perf_counter()
+        rec = timed_step(self)
+        if rec is not None and rec.kind == "decode" and "gpu" in parts:
+            row = {k: v * 1e3 for k, v in parts.items() if k != "gpu"}
+            row["step"], row["ev"] = (time.perf_counter() - t0) * 1e3, parts["gpu"]
+            eager.setdefault(self._split_run if hasattr(self, "_split_run") else -1, []).append(row)
+        return rec
+
     async_ok = engine.Engine._async_ok
-    torch.cuda.CUDAGraph.replay, engine.Engine.step = timed_replay, timed_step
+    torch.cuda.CUDAGraph.replay, engine.Engine.step = timed_replay, timed_eager_step
+    for name, fn in saved.items():
+        setattr(engine.Engine, name, timed_part(name, fn))
     if waiting:
         engine.Engine._async_ok = lambda self, check: False
     try:
         rep = pipeline.run(wl, dev, progress=False)
     finally:
         torch.cuda.CUDAGraph.replay, engine.Engine.step, engine.Engine._async_ok = replay, step, async_ok
+        for name, fn in saved.items():
+            setattr(engine.Engine, name, fn)
     torch.cuda.synchronize()
+    ev = list(eager.values())[-1] if eager else []
+    if ev:
+        med = {k: _median([r.get(k, 0.0) for r in ev]) for k in ("step", "sync", "_metadata", "_forward", "_pick")}
+        med["gpu"] = _median([r["ev"][0].elapsed_time(r["ev"][1]) for r in ev])
+        print(f"  eager decode steps ({len(ev)}), medians ms: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items())
+              + " (gpu: the forward's events; the others host time in the engine's methods)")
     steps = list(runs.values())[-1]  # the timed run's engine (the warm-up's came first)
     n = len(steps)
     warm = steps[n // 8:]  # (the run's first graph steps may still fill caches)
