@@ -18,15 +18,17 @@
 #      the sparse-MLA goal that asks for 70% of the bandwidth floor,
 #   7. eager calls replayed from launch plans (dsa/_replay.py): their tests (which ops replay inside the engine),
 #      the host time of eager sparse_mla decode calls with plans off and on, and the `dsa run` workload with eager
-#      decode (--cuda-graph off), plans off and on, with each planned op's host time (benchmarks/plans_engine.py).
-# STAGES picks a subset, space-separated (default: all): tests run bench power decode plans.
+#      decode (--cuda-graph off), plans off and on, with each planned op's host time (benchmarks/plans_engine.py),
+#   8. where the `dsa run` workload's CUDA-graph decode steps spend their time, with each step waiting for its tokens
+#      and without (benchmarks/engine_step_split.py).
+# STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine.
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh
 N=${WORKERS:-16}  # (the machine's 16 CPU cores: an empty Triton cache makes the tests compile-bound)
-STAGES=" ${STAGES:-tests run bench power decode plans} "
+STAGES=" ${STAGES:-tests run bench power decode plans engine} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 # (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
 if on tests; then
@@ -63,6 +65,9 @@ if on plans; then
     timeout 200 python3 benchmarks/plans_engine.py 2>&1 | grep -E "^== plans|^replay stats|^  [a-z_0-9]+ +(own|rep)|^\|"
   } > "$OUT/plans.txt" 2>&1
 fi
+if on engine; then
+  timeout 300 python3 benchmarks/engine_step_split.py > "$OUT/engine.txt" 2>&1; echo "engine rc=$?" >> "$OUT/engine.txt"
+fi
 if on tests; then echo "== pytest"; grep -E "passed|failed|rc=" "$OUT/pytest.log" | tail -3; fi
 if on run; then
   echo "== dsa run, empty Triton cache"; grep -E "warm-up|^decode" "$OUT/run_triton_cold.txt"
@@ -72,6 +77,7 @@ fi
 if on bench; then echo "== bench"; tail -50 "$OUT/bench.txt"; fi
 if on power; then echo "== power"; tail -9 "$OUT/power.txt"; fi
 if on plans; then echo "== plans"; cat "$OUT/plans.txt"; fi
+if on engine; then echo "== engine (CUDA-graph decode steps)"; grep -E "eager decode|^\||rc=" "$OUT/engine.txt"; fi
 if on decode; then
   echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
 fi
