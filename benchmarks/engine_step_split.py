@@ -11,7 +11,6 @@ wait for their tokens, ``async_decode``) and once with every step waiting for it
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -22,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dsa import pipeline  # noqa: E402
 from dsa.engine import engine  # noqa: E402
+from plans_engine import default_workload  # noqa: E402  (benchmarks/, the script's own folder)
 
 
 def _median(xs: list) -> float:
@@ -120,13 +120,7 @@ def measure(wl, dev, label: str, waiting: bool = False) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--decode-steps", type=int, default=None)
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    wl = pipeline.Workload.default(dev)
-    if args.decode_steps:
-        wl.decode_steps = args.decode_steps
+    dev, wl = default_workload(__doc__)
     rows = [measure(wl, dev, "each step waits for its tokens", True), measure(wl, dev, "default (async_decode)")]
     print(f"\nGPU: {torch.cuda.get_device_name(dev)}; medians over each run's graph steps (its first eighth left out), "
           "ms")

@@ -48,14 +48,21 @@ def timed_op(mod, name: str, log: dict):
     return fn
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def default_workload(doc: str):
+    """``(device, workload)``: `dsa run`'s default GPU workload, with ``--decode-steps`` from the command line
+    (``doc``: the script's docstring, whose first line describes it)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--decode-steps", type=int, default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
     wl = pipeline.Workload.default(dev)
     if args.decode_steps:
         wl.decode_steps = args.decode_steps
+    return dev, wl
+
+
+def main():
+    dev, wl = default_workload(__doc__)
     rows = []
     for on in (False, True):
         _replay.clear()

@@ -203,12 +203,11 @@ class DecodeGraphRunner:
     def _fill_packed(self, specs: list, bucket: int, token_ids=(), src=()) -> None:
         """Write the padded decode metadata of ``specs``, their ``token_ids`` and ``src`` rows (default: none, -1)
         into the packed buffers of ``bucket`` (the same values as :func:`build_step_metadata` on the padded specs, see
-        the tests). The fields
-        that never change (query starts, request ids, last-token rows) were written with the buffers;
-        the rest are written in place through numpy views of the pinned host buffers."""
+        the tests). The fields that never change (query starts, request ids, last-token rows) were written with the
+        buffers; the rest are written in place through numpy views of the pinned host buffers."""
         h32, h64, i32, i64 = self._host[bucket]
         B, MB, bs, K = bucket, self.max_blocks, self.bs, self.model.config.index_topk
-        n32, o32, _, n64, o64, _ = self._packed_layout(B, MB)
+        _, o32, _, _, o64, _ = self._packed_layout(B, MB)
         a32, a64 = h32.numpy(), h64.numpy()
         lens = [sp.num_computed + sp.num_new for sp in specs]
         slots = []

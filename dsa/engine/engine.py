@@ -171,14 +171,15 @@ class Engine:
         if use_graph and self.profiler is not None and self._decode_steps % every == every // 2:
             use_graph = False  # a sampled eager decode step gives the per-stage split
         check = self._want_check(pure_decode, sum(n for _, n in sched))
-        if not (use_graph and self._async_ok(check)):
+        go_async = use_graph and self._async_ok(check)
+        if not go_async:
             self.sync()  # this step needs the tokens in flight on the host; one at EOS ends its request
             sched = [(r, n) for r, n in sched if r.status == RUNNING]
         if not sched:
             s.step_index += 1
             return None
         specs = [RequestSpec(r.num_computed, n, r.blocks) for r, n in sched]  # (read within the step)
-        if use_graph and self._async_ok(check):
+        if go_async:
             return self._step_async(sched, specs, t0)
         if use_graph:
             kind = "decode_graph"
