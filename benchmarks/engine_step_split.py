@@ -4,13 +4,15 @@ the GPU's gap between one graph step's replay and the next's.
 Runs the default workload (CUDA graphs, as `dsa run`) and, for every graph step, reads the host clock at the step's
 start, around `CUDAGraph.replay()` and at the step's end, and CUDA events around the replay. The gap from one graph
 step's end event to the next one's start event is GPU time spent on neither replay: idle while the host prepares
-the step, or the small copies between the replays. Each run once with the engine's default (greedy graph steps do not
-wait for their tokens, ``async_decode``) and once with every step waiting for its tokens.
+the step, or the small copies between the replays. Each run once with the engine's default (graph steps do not
+wait for their tokens, ``async_decode``) and once with every step waiting for its tokens, greedy (as `dsa run`) and
+sampled (temperature 0.8, top-p 0.95: the graphs draw the tokens themselves).
 
     python benchmarks/engine_step_split.py
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -119,9 +121,32 @@ def measure(wl, dev, label: str, waiting: bool = False) -> dict:
     return row
 
 
+def sampler_cost(dev, vocab: int) -> None:
+    """The token choice alone, CUDA-graph medians (µs) over ``[B, vocab]`` fp32 logits: the greedy argmax against
+    :func:`~dsa.model.sampling.sample_tokens` sampled, with and without the top-p nucleus (its sort)."""
+    import triton
+
+    from dsa.model.sampling import row_seed, sample_tokens
+
+    print(f"\ntoken choice alone over [B, {vocab}] fp32 logits (CUDA-graph medians, µs; the baseline is torch.argmax)")
+    print("| B | argmax | sampled, top-p 1 | sampled, top-p 0.95 |")
+    print("|---|---|---|---|")
+    for B in (1, 8, 16):
+        lg = torch.randn(B, vocab, device=dev) * 3
+        seeds = torch.tensor([row_seed(0, i, 5) for i in range(B)], device=dev)
+        t = [triton.testing.do_bench_cudagraph(fn) * 1e3 for fn in (
+            lambda: torch.argmax(lg, -1), lambda: sample_tokens(lg, seeds, 0.8, 1.0),
+            lambda: sample_tokens(lg, seeds, 0.8, 0.95))]
+        print(f"| {B} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} |")
+
+
 def main():
     dev, wl = default_workload(__doc__)
-    rows = [measure(wl, dev, "each step waits for its tokens", True), measure(wl, dev, "default (async_decode)")]
+    sampler_cost(dev, wl.vocab)
+    sampled = dataclasses.replace(wl, temperature=0.8, top_p=0.95)
+    rows = [measure(wl, dev, "each step waits for its tokens", True), measure(wl, dev, "default (async_decode)"),
+            measure(sampled, dev, "sampled (T 0.8, top-p 0.95), waiting", True),
+            measure(sampled, dev, "sampled, default (async_decode)")]
     print(f"\nGPU: {torch.cuda.get_device_name(dev)}; medians over each run's graph steps (its first eighth left out), "
           "ms")
     print("| run | decode tokens/s | graph steps | step | host before replay | replay call | replay on GPU | "

@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
         topk=args.topk, layers=args.layers, hidden=args.hidden, vocab=args.vocab, block_size=args.block_size,
         kv_format=args.kv_format, indexer_dtype=args.indexer_dtype, max_num_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_seqs, max_prefill_chunk=args.chunk, num_blocks=args.num_blocks,
-        seed=args.seed).items() if v is not None}
+        seed=args.seed, temperature=args.temperature, top_p=args.top_p).items() if v is not None}
     wl = replace(wl, **over)
     if args.arrivals is None and args.prompt_lens is not None:
         wl = replace(wl, arrivals=None)  # staggered default for the given prompts
@@ -161,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", default="auto", choices=["auto", "on", "off"],
                    help="run the workload once first, untimed, so that Triton compiles there (auto: on a GPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--seed", type=int, default=None, help="weights, prompts and sampling")
+    r.add_argument("--temperature", type=float, default=None, help="sample the new tokens (default 0: greedy)")
+    r.add_argument("--top-p", type=float, default=None, help="nucleus of the sampled tokens (default 1)")
     r.add_argument("--check", action="store_true", help="re-run sampled steps on the PyTorch reference backend")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(fn=cmd_run)

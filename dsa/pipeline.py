@@ -49,6 +49,8 @@ class Workload:
     max_prefill_chunk: int | None = None
     num_blocks: int | None = None  # default: every request's whole length at once, plus slack
     seed: int = 0
+    temperature: float = 0.0  # 0: greedy; else sampled (dsa.model.sampling), each token seeded by (seed, request, k)
+    top_p: float = 1.0
 
     @staticmethod
     def default(device: torch.device) -> "Workload":
@@ -238,7 +240,8 @@ def run(wl: Workload, device: torch.device, backend: str | None = None, *, model
     ecfg = EngineConfig(block_size=bs, num_blocks=num_blocks, max_num_batched_tokens=wl.max_num_batched_tokens,
                         max_num_seqs=wl.max_num_seqs, max_prefill_chunk=wl.max_prefill_chunk,
                         max_model_len=max_len, cuda_graph=cuda_graph, profile=profile, check=check,
-                        ignore_eos=True, check_max_tokens=1 << 30)
+                        ignore_eos=True, check_max_tokens=1 << 30, greedy=wl.temperature <= 0,
+                        temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed)
     warm_s = None
     arrivals = list(wl.arrival_steps())
     if warmup if warmup is not None else device.type == "cuda":
@@ -323,7 +326,9 @@ def format_report(rep: Report) -> str:
     wl, m, e = rep.workload, rep.model, rep.engine
     lines = [
         f"dsa run on {rep.device} ({rep.backend} ops): {len(wl['prompt_lens'])} requests, prompts {wl['prompt_lens']}, "
-        f"{wl['decode_steps']} new tokens each",
+        f"{wl['decode_steps']} new tokens each, "
+        + ("greedy" if wl.get("temperature", 0) <= 0 else
+           f"sampled (temperature {wl['temperature']:g}, top-p {wl.get('top_p', 1.0):g}, seed {wl['seed']})"),
         f"model: {m['source']}; {m['layers']} layers, {m['heads']} heads, hidden {m['hidden']}, "
         f"top-k {m['index_topk']}, "
         f"indexer {m['indexer_dtype']}, MLA cache {m['kv_format']}",

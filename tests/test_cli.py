@@ -50,6 +50,15 @@ def test_run_reference_text_report(capsys):
         assert word in out
 
 
+def test_run_sampled(capsys):
+    """--temperature / --top-p: the new tokens are sampled (seeded by --seed), and the report says so."""
+    assert cli.main(["run", *TINY, "--backend", "reference", "--temperature", "0.8", "--top-p", "0.9"]) == 0
+    assert "sampled (temperature 0.8, top-p 0.9, seed 0)" in capsys.readouterr().out
+    rep = _run(capsys, "--backend", "reference", "--temperature", "0.8")
+    assert rep["workload"]["temperature"] == 0.8 and rep["workload"]["top_p"] == 1.0
+    assert [r["output_len"] for r in rep["requests"]] == [3, 3, 3] and rep["engine"]["blocks_all_returned"]
+
+
 def test_run_warmup_runs_the_workload_untimed(capsys):
     """--warmup on: the workload runs once untimed first (its seconds reported apart); the timed run is
     the same run as without it (same steps, same outputs), and the engine's blocks all come back."""
@@ -102,6 +111,8 @@ def test_bad_arguments_are_clear(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
     assert cli.main(["run", *TINY, "--arrivals", "0,1"]) == 2
     assert "arrivals" in capsys.readouterr().err
+    assert cli.main(["run", *TINY, "--temperature", "1", "--top-p", "0"]) == 2
+    assert "top_p: expected a value in (0, 1]" in capsys.readouterr().err
 
 
 def test_bench_smoke_json(capsys):

@@ -113,6 +113,49 @@ def test_engine_equals_generate_random_configs(models, oracle, seed):
     assert all(rec.num_tokens <= budget and rec.num_reqs <= seqs for rec in eng.steps), cfg
 
 
+SAMPLED = dict(greedy=False, temperature=0.9, top_p=0.9, seed=5)
+
+
+@pytest.fixture(scope="module")
+def sampled_oracle(models):
+    return {k: generate(m, PROMPTS, 8, ignore_eos=True, block_size=16, **SAMPLED) for k, m in models.items()}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_engine_equals_generate_random_configs(models, sampled_oracle, seed):
+    """Sampled decoding: each request's k-th token is drawn with the seed (run seed, request, k), so the engine gives
+    the tokens generate draws, whatever the batching, chunking, arrivals, graph path, and whether graph steps read
+    their tokens a step late (fp8 indexer, "static": they pick them inside the step)."""
+    import random
+
+    rnd = random.Random(100 + seed)
+    mode = ("bf16", "fp8")[seed % 2]
+    bs = rnd.choice([1, 16, 64])
+    budget = rnd.randint(2, 64)
+    seqs = rnd.randint(1, min(budget, 5))
+    chunk = rnd.choice([None, 1, rnd.randint(2, 50)])
+    graph = rnd.choice(["off", "static"]) if mode == "bf16" else "static"
+    eng = _engine(models[mode], block_size=bs, num_blocks=400, max_num_batched_tokens=budget, max_num_seqs=seqs,
+                  max_prefill_chunk=chunk, cuda_graph=graph, **SAMPLED)
+    reqs = [eng.add_request(p, 8, arrival_step=rnd.randint(0, 8)) for p in PROMPTS]
+    eng.run()
+    cfg = dict(mode=mode, bs=bs, budget=budget, seqs=seqs, chunk=chunk, graph=graph)
+    assert [r.output for r in reqs] == sampled_oracle[mode], cfg
+    assert (eng.num_async_steps > 0) == (mode == "fp8"), cfg
+    assert eng.blocks.all_free(), cfg
+
+
+def test_sampling_moves_the_tokens(models, oracle, sampled_oracle):
+    """(The sampled runs above are not greedy runs in disguise: the draws differ from the argmax and between seeds.)"""
+    greedy8 = generate(models["fp8"], PROMPTS, 8, ignore_eos=True, block_size=16)
+    assert [o[:NEW] for o in greedy8] == oracle["fp8"]
+    assert sum(a != b for x, y in zip(sampled_oracle["fp8"], greedy8) for a, b in zip(x, y)) >= 10
+    other = generate(models["fp8"], PROMPTS, 8, ignore_eos=True, block_size=16, **dict(SAMPLED, seed=6))
+    assert sum(a != b for x, y in zip(sampled_oracle["fp8"], other) for a, b in zip(x, y)) >= 10
+    with pytest.raises(ValueError, match="top_p"):
+        _engine(models["fp8"], top_p=0.0)
+
+
 def test_requests_added_mid_run_and_waiting_for_blocks(models, oracle):
     """A cache too small for all requests at once: requests wait (first come, first served) for
     blocks that finishing ones give back; new requests are added while the engine runs."""
@@ -182,7 +225,7 @@ def test_async_decode_equals_waiting_for_each_step(models, seed):
     "static") give every request exactly the tokens, finish reasons and blocks of the engine that waits for each
     step: random budgets, chunks (1-token chunks: prompt tokens in graph steps), arrivals while decoding (eager
     steps in between read the tokens in flight), lengths per request, and an EOS that the first request emits
-    mid-run (found a step late: the token computed after it is dropped)."""
+    mid-run (found a step late: the token computed after it is dropped); odd seeds sample instead of greedy."""
     import random
 
     rnd = random.Random(seed)
@@ -195,7 +238,7 @@ def test_async_decode_equals_waiting_for_each_step(models, seed):
         new[0] = 9  # (the first request reaches its EOS before its length)
     kw = dict(block_size=rnd.choice([1, 16]), num_blocks=400, max_num_batched_tokens=rnd.randint(5, 48),
               max_num_seqs=rnd.randint(2, 5), max_prefill_chunk=rnd.choice([None, 1, rnd.randint(2, 20)]),
-              cuda_graph="static", ignore_eos=eos is None)
+              cuda_graph="static", ignore_eos=eos is None, **(SAMPLED if seed % 2 else {}))
     arrivals = [rnd.randint(0, 12) for _ in prompts]
     m.config.eos_token_id, eos0 = eos, m.config.eos_token_id
     try:
@@ -392,6 +435,33 @@ def test_gpu_cuda_graph_replay_equals_eager(indexer, moe):
     # a different batch shape may round a GEMM differently: allow one near-tie flip
     assert sum(a == b for a, b in zip(outs["off"], outs["capture"])) >= len(ps) - 1
     assert sum(a == b for a, b in zip(outs["off"], want)) >= len(ps) - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+def test_gpu_sampled_graph_steps_equal_eager():
+    """Sampled decoding on the GPU: captured graphs pick the tokens inside the replay (each row's seed a field of the
+    packed metadata) and give exactly the static step's tokens, whether the steps read them a step late or wait;
+    the plain eager engine and generate agree with them (one near-tie flip allowed, as for greedy)."""
+    m = random_model(tiny_config(num_hidden_layers=2), seed=0).to("cuda")
+    m.set_options(indexer_dtype="fp8", kv_format="fp8_ds_mla")
+    ps = _prompts(8, [300, 45, 9, 700, 1, 130])
+    want = generate(m, ps, 12, ignore_eos=True, block_size=64, **SAMPLED)
+    outs = {}
+    for graph in ("off", "static", "capture", "capture, waiting"):
+        eng = _engine(m, block_size=64, num_blocks=64, max_num_batched_tokens=256, max_num_seqs=4,
+                      max_prefill_chunk=100, cuda_graph=graph.split(",")[0], async_decode="waiting" not in graph,
+                      **SAMPLED)
+        for i, p in enumerate(ps):
+            eng.add_request(p, 12, arrival_step=3 * i)
+        outs[graph] = [r.output for r in eng.run()]
+        assert eng.blocks.all_free()
+        assert (eng.num_async_steps > 10) == (graph in ("capture", "static")), graph
+    assert outs["capture"] == outs["static"] == outs["capture, waiting"]
+    assert sum(a == b for a, b in zip(outs["off"], outs["capture"])) >= len(ps) - 1
+    assert sum(a == b for a, b in zip(outs["off"], want)) >= len(ps) - 1
+    greedy = generate(m, ps, 12, ignore_eos=True, block_size=64)
+    assert sum(a != b for x, y in zip(want, greedy) for a, b in zip(x, y)) >= 10
 
 
 @pytest.mark.gpu

@@ -15,12 +15,12 @@ a request's cache. Every shape inside the graph is fixed per bucket:
   the step's token ids);
   with the bf16 indexer the padded metadata is built and copied field by field.
 
-With the fp8 indexer a graph also takes each row's token from the device, and samples greedily on it: a row whose
-``src`` field is ``>= 0`` reads its id from row ``src`` of :attr:`DecodeGraphRunner.last_tok` (the tokens the
-previous graph step sampled, never read back by the host in between), and every replay ends by writing the argmax of
-its logits there. :meth:`DecodeGraphRunner.fetch_tokens` copies them to the host without waiting for them, so
-that the engine can prepare the next step while the GPU runs this one (:class:`~dsa.engine.Engine`,
-``async_decode``).
+With the fp8 indexer a graph also takes each row's token from the device, and picks the next tokens on it: a row
+whose ``src`` field is ``>= 0`` reads its id from row ``src`` of :attr:`DecodeGraphRunner.last_tok` (the tokens the
+previous graph step picked, never read back by the host in between), and every replay ends by writing there the
+tokens :func:`~dsa.model.sampling.sample_tokens` picks from its logits (greedy, or sampled with each row's ``seed``
+field). :meth:`DecodeGraphRunner.fetch_tokens` copies them to the host without waiting for them, so that the engine
+can prepare the next step while the GPU runs this one (:class:`~dsa.engine.Engine`, ``async_decode``).
 
 MoE layers run :func:`static_experts_forward` inside the graph (the eager expert loop syncs).
 
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..model.metadata import RequestSpec, StepMetadata, build_step_metadata
+from ..model.sampling import sample_tokens
 
 
 def default_buckets(max_num_seqs: int) -> list:
@@ -97,7 +98,7 @@ class _StaticExperts:
 
 class DecodeGraphRunner:
     def __init__(self, model, cache, *, max_model_len: int, buckets: list, pad_block: int, capture: bool = True,
-                 max_logits_bytes: int = 512 << 20):
+                 max_logits_bytes: int = 512 << 20, temperature: float = 0.0, top_p: float = 1.0):
         self.model, self.cache = model, cache
         self.bs = cache.block_size
         self.max_blocks = -(-max_model_len // self.bs)
@@ -106,12 +107,15 @@ class DecodeGraphRunner:
         self.pad_block = pad_block
         self.capture = capture
         self.max_logits_bytes = max_logits_bytes
+        #: how each replay (fp8 indexer) picks the tokens it leaves in :attr:`last_tok` (fixed when captured):
+        #: greedy at ``temperature <= 0``, else sampled with each row's seed (:func:`sample_tokens`)
+        self.temperature, self.top_p = float(temperature), float(top_p)
         self.device = model.lm_head.weight.device
         self._graphs: dict = {}  # bucket -> (graph or None, static ids, static md, static logits)
         self._host: dict = {}  # bucket -> (host int32, host int64, device int32, device int64) packed metadata
         self._copied: dict = {}  # bucket -> CUDA event after the last host-to-device copy of the packed metadata
         self._pool = None
-        #: the greedy tokens of the last graph step (fp8 indexer), rows as its batch: the next step's ``src`` reads them
+        #: the tokens the last graph step picked (fp8 indexer), rows as its batch: the next step's ``src`` reads them
         self.last_tok = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
         self._tok_host = [torch.zeros(self.max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
@@ -156,7 +160,8 @@ class DecodeGraphRunner:
         """(int32 field sizes, their offsets, int32 total, int64 field size, its offsets, int64 total) of the
         packed buffers of a bucket of ``B`` decodes: int32 [qsl B+1, seq_lens B, block table B x MB, req_id B,
         sparse_seqlens B, prefill cu 1], int64 [last_token_index B, positions B, slot_mapping B, token ids B,
-        src B] (``src``: the row of :attr:`last_tok` a row takes its token id from, or -1).
+        src B, seed B] (``src``: the row of :attr:`last_tok` a row takes its token id from, or -1; ``seed``: the
+        seed its next token is sampled with).
         Every field starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, so aligned fields
         keep every bucket on the same compiled variants."""
         def place(sizes, per16):
@@ -168,20 +173,21 @@ class DecodeGraphRunner:
 
         n32 = [B + 1, B, B * MB, B, B, 1]
         o32, t32 = place(n32, 4)
-        o64, t64 = place([B, B, B, B, B], 2)
+        o64, t64 = place([B] * 6, 2)
         return n32, o32, t32, B, o64, t64
 
     def _packed(self, bucket: int) -> tuple:
         """A static :class:`StepMetadata` of ``bucket`` decodes whose tensors are views of one int32
         and one int64 device buffer (refreshed by two host-to-device copies per step), and the step's
-        token ids and their ``src`` rows (:attr:`last_tok`), views of the int64 buffer too."""
+        token ids, their ``src`` rows (:attr:`last_tok`) and the rows' sampling seeds, views of the int64 buffer
+        too."""
         B, MB, dev = bucket, self.max_blocks, self.device
         n32, o32, t32, n64, o64, t64 = self._packed_layout(B, MB)
         i32 = torch.zeros(t32, dtype=torch.int32, device=dev)
         i64 = torch.zeros(t64, dtype=torch.int64, device=dev)
         qsl, seq, bt, req, sps, pcu = (i32[o:o + n] for o, n in zip(o32, n32))
         bt = bt.view(B, MB)
-        last, pos, slots, ids, src = (i64[o:o + n64] for o in o64)
+        last, pos, slots, ids, src, seeds = (i64[o:o + n64] for o in o64)
         m = self.model
         md = StepMetadata(
             block_size=self.bs, index_topk=m.config.index_topk, next_n=1, order=list(range(B)), num_reqs=B,
@@ -198,13 +204,14 @@ class DecodeGraphRunner:
         a32[o32[3]:o32[3] + B] = np.arange(B)  # request ids
         a64[o64[0]:o64[0] + B] = np.arange(B)  # last-token rows
         self._host[B] = (h32, h64, i32, i64)
-        return md, ids, src
+        return md, ids, src, seeds
 
-    def _fill_packed(self, specs: list, bucket: int, token_ids=(), src=()) -> None:
-        """Write the padded decode metadata of ``specs``, their ``token_ids`` and ``src`` rows (default: none, -1)
-        into the packed buffers of ``bucket`` (the same values as :func:`build_step_metadata` on the padded specs, see
-        the tests). The fields that never change (query starts, request ids, last-token rows) were written with the
-        buffers; the rest are written in place through numpy views of the pinned host buffers."""
+    def _fill_packed(self, specs: list, bucket: int, token_ids=(), src=(), seeds=()) -> None:
+        """Write the padded decode metadata of ``specs``, their ``token_ids``, ``src`` rows (default: none, -1) and
+        sampling ``seeds`` (default: 0) into the packed buffers of ``bucket`` (the same values as
+        :func:`build_step_metadata` on the padded specs, see the tests). The fields that never change (query starts,
+        request ids, last-token rows) were written with the buffers; the rest are written in place through numpy
+        views of the pinned host buffers."""
         h32, h64, i32, i64 = self._host[bucket]
         B, MB, bs, K = bucket, self.max_blocks, self.bs, self.model.config.index_topk
         _, o32, _, _, o64, _ = self._packed_layout(B, MB)
@@ -239,6 +246,9 @@ class DecodeGraphRunner:
         rows = a64[o64[4]:o64[4] + B]
         rows[:len(src)] = src
         rows[len(src):] = -1
+        sd = a64[o64[5]:o64[5] + B]
+        sd[:len(seeds)] = seeds
+        sd[len(seeds):] = 0
         i32.copy_(h32, non_blocking=True)
         i64.copy_(h64, non_blocking=True)
         if self.device.type == "cuda":
@@ -263,43 +273,43 @@ class DecodeGraphRunner:
             elif f.name not in ("order", "prefill_chunks") and a != b:
                 raise RuntimeError(f"DecodeGraphRunner: static {f.name} {a!r} != {b!r}")
 
-    def _forward(self, ids, md, src=None):
+    def _forward(self, ids, md, src=None, seeds=None):
         """The step (captured once per bucket). With ``src``: the ids of rows with ``src >= 0`` from
-        :attr:`last_tok` first, and the greedy tokens into :attr:`last_tok` last."""
+        :attr:`last_tok` first, and the picked tokens (``seeds``: each row's) into :attr:`last_tok` last."""
         if src is not None:
             ids = torch.where(src >= 0, self.last_tok[src.clamp(min=0)], ids)
         with _StaticExperts(self.model):
             hidden = self.model(ids, md, self.cache)
         logits = self.model.logits(hidden[md.last_token_index])
         if src is not None:
-            self.last_tok[:logits.shape[0]].copy_(logits.argmax(dim=-1))
+            self.last_tok[:logits.shape[0]].copy_(sample_tokens(logits, seeds, self.temperature, self.top_p))
         return logits
 
     def _get(self, bucket: int):
         if bucket in self._graphs:
             return self._graphs[bucket]
         if self.fast:
-            md, ids, src = self._packed(bucket)
+            md, ids, src, seeds = self._packed(bucket)
             self._fill_packed([], bucket)  # all rows: padding (touch the scratch block only)
         else:
             md = self._metadata(self._padded_specs([], bucket))
-            ids, src = torch.zeros(bucket, dtype=torch.long, device=self.device), None
+            ids, src, seeds = torch.zeros(bucket, dtype=torch.long, device=self.device), None, None
         graph, logits = None, None
         if self.capture:
             s = torch.cuda.Stream(self.device)
             s.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(s):
                 for _ in range(2):  # compile / warm up every kernel outside the capture
-                    self._forward(ids, md, src)
+                    self._forward(ids, md, src, seeds)
             torch.cuda.current_stream(self.device).wait_stream(s)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
-                logits = self._forward(ids, md, src)
+                logits = self._forward(ids, md, src, seeds)
             self.num_captures += 1
-        self._graphs[bucket] = (graph, ids, md, logits, src)
+        self._graphs[bucket] = (graph, ids, md, logits, src, seeds)
         return self._graphs[bucket]
 
     def capture_all(self) -> None:
@@ -309,30 +319,32 @@ class DecodeGraphRunner:
 
     # -- a step ---------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, specs: list, token_ids: list, src=None) -> torch.Tensor:
+    def run(self, specs: list, token_ids: list, src=None, seeds=None) -> torch.Tensor:
         """Decode ``specs`` (each ``num_new == 1``, in this order) fed ``token_ids``: fp32 logits ``[B, V]``.
-        ``src`` (fp8 indexer only): per row, the row of the previous graph step's greedy tokens (:attr:`last_tok`) to
-        take its id from instead, or -1. Does not wait for the GPU."""
+        ``src`` (fp8 indexer only): per row, the row of the previous graph step's tokens (:attr:`last_tok`) to
+        take its id from instead, or -1. ``seeds`` (fp8 indexer, sampled): per row, the seed of its next token
+        (:func:`~dsa.model.sampling.row_seed`). The tokens picked land in :attr:`last_tok` (:meth:`fetch_tokens`).
+        Does not wait for the GPU."""
         B = len(specs)
         bucket = self.bucket_for(B)
         self.num_padded_steps += bucket > B
-        graph, ids, md_s, logits, _ = self._get(bucket)
-        if self.fast:
-            self._fill_packed(specs, bucket, token_ids, src or ())  # (ids and src are fields of the packed buffers)
+        graph, ids, md_s, logits, _, _ = self._get(bucket)
+        if self.fast:  # (ids, src and seeds are fields of the packed buffers)
+            self._fill_packed(specs, bucket, token_ids, src or (), seeds or ())
         else:
             if src is not None and any(j >= 0 for j in src):
                 raise ValueError("DecodeGraphRunner: token ids from the device need the fp8 indexer's packed step")
             self._copy_md(md_s, self._metadata(self._padded_specs(specs, bucket)))
             ids.copy_(torch.tensor(list(token_ids) + [0] * (bucket - B), dtype=torch.long), non_blocking=False)
         if graph is None:
-            logits = self._forward(ids, md_s, self._graphs[bucket][4])
+            logits = self._forward(ids, md_s, *self._graphs[bucket][4:])
         else:
             graph.replay()
             self.num_replays += 1
         return logits[:B]
 
     def fetch_tokens(self, n: int) -> tuple:
-        """Start copying the last graph step's ``n`` greedy tokens (fp8 indexer) to the host: ``(host int64 [n], CUDA
+        """Start copying the last graph step's ``n`` tokens (fp8 indexer) to the host: ``(host int64 [n], CUDA
         event or None)``; the values are there once the event is done. Two host buffers take turns: read each before
         the second call after it."""
         k = self._tok_flip

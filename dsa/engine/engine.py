@@ -10,15 +10,17 @@
 One :meth:`Engine.step`: the scheduler (:mod:`dsa.engine.scheduler`) picks the decodes and the
 prefill chunks, the step metadata is built once (:func:`dsa.model.build_step_metadata`), one
 model forward runs every token of the step, and each request whose prompt is now fully cached
-gets its next token (greedy by default, as :func:`dsa.model.generate`). Requests stop at
+gets its next token (greedy by default; sampled with ``greedy=False``: the ``k``-th new token of the ``i``-th
+request added is drawn with :func:`~dsa.model.sampling.row_seed` ``(seed, i, k)``, so it is the token
+:func:`dsa.model.generate` draws for prompt ``i``, whatever the batching). Requests stop at
 ``max_new_tokens`` or at the config's EOS (unless ``ignore_eos``) and give their blocks back.
 A pure-decode step on a GPU replays a CUDA graph (:mod:`dsa.engine.cuda_graph`) when the model
 allows it.
 
-With ``async_decode`` (the default) greedy graph steps over the fp8 indexer do not wait for their
-tokens: a step launches its graph, whose rows take the previous step's tokens on the device, and
-only then reads the previous step's tokens (long done), so the host schedules and writes step N + 1
-while the GPU runs step N. A sampled token is a placeholder (-1) in ``tokens`` and ``output`` until
+With ``async_decode`` (the default) graph steps over the fp8 indexer do not wait for their tokens, greedy or
+sampled (the graph picks them): a step launches its graph, whose rows take the previous step's tokens on the
+device, and only then reads the previous step's tokens (long done), so the host schedules and writes step N + 1
+while the GPU runs step N. A token picked by the graph is a placeholder (-1) in ``tokens`` and ``output`` until
 it is read. A request whose last token is in flight is not scheduled again; one that stops at EOS
 is found a step late, and the extra token computed for it is dropped. Any other step first reads
 the tokens in flight (:meth:`Engine.sync`).
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.metadata import RequestSpec, build_step_metadata
+from ..model.sampling import row_seed, sample_tokens
 from .block_manager import BlockManager
 from .cuda_graph import DecodeGraphRunner, default_buckets, graph_unsupported_reason
 from .profiler import StageProfiler
@@ -56,9 +59,9 @@ class EngineConfig:
     check_max_tokens: int = 4096  # largest step re-run by check
     check_decode_every: int = 64
     greedy: bool = True
-    #: greedy CUDA-graph decode steps (fp8 indexer) read their tokens a step late (see the module's docstring)
+    #: CUDA-graph decode steps (fp8 indexer) read their tokens a step late (see the module's docstring)
     async_decode: bool = True
-    temperature: float = 1.0
+    temperature: float = 1.0  # (with greedy=False; <= 0 is greedy)
     top_p: float = 1.0
     seed: int = 0
     ignore_eos: bool = False
@@ -108,6 +111,10 @@ class Engine:
                 raise ValueError("cuda_graph: 'capture' needs a CUDA device")
             if reason is not None:
                 raise ValueError(f"cuda_graph: cannot capture this model: {reason}")
+        if not 0.0 < cfg.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a value in (0, 1], got {cfg.top_p}")
+        #: the sampling temperature (0: greedy)
+        self.temperature = 0.0 if cfg.greedy else max(float(cfg.temperature), 0.0)
         self.graph_mode = mode
         reserved = 1 if mode in ("capture", "static") else 0
         self.cache = model.new_cache(cfg.num_blocks + reserved, cfg.block_size)
@@ -121,13 +128,13 @@ class Engine:
             buckets = cfg.graph_buckets or default_buckets(cfg.max_num_seqs)
             self.graph = DecodeGraphRunner(model, self.cache, max_model_len=max_len, buckets=buckets,
                                            pad_block=self.blocks.reserved_ids[0], capture=mode == "capture",
-                                           max_logits_bytes=cfg.max_logits_bytes)
+                                           max_logits_bytes=cfg.max_logits_bytes, temperature=self.temperature,
+                                           top_p=cfg.top_p)
             if mode == "capture":
                 self.graph.capture_all()  # (at start-up: a capture inside a step would cost it tens of ms)
         self.profiler = StageProfiler(self.device) if cfg.profile else None
         eos = model.config.eos_token_id
         self.eos = set() if cfg.ignore_eos or eos is None else set(eos if isinstance(eos, list) else [eos])
-        self.gen = torch.Generator().manual_seed(cfg.seed)
         self.steps: list = []
         self.checks: list = []
         self.requests: list = []
@@ -186,7 +193,7 @@ class Engine:
             ids = [r.tokens[r.num_computed] for r, _ in sched]
             if self.profiler is not None:
                 self.profiler.enabled = False
-            logits = self.graph.run(specs, ids)
+            logits = self.graph.run(specs, ids, seeds=self._seeds(sched))
             if self.profiler is not None:
                 self.profiler.enabled = True
             order = list(range(len(sched)))
@@ -211,7 +218,14 @@ class Engine:
             r.num_computed += n
             if r.num_computed == len(r.tokens):
                 rows.append((j, r))
-        picked = self._pick(logits, [j for j, _ in rows])
+        if use_graph and self.graph.fast:  # the graph picked them (as in an async step)
+            host, evt = self.graph.fetch_tokens(len(sched))
+            if evt is not None:
+                evt.synchronize()
+            toks = host.tolist()
+            picked = [toks[j] for j, _ in rows]
+        else:
+            picked = self._pick(logits, rows)
         dt = time.perf_counter() - t0
         t_end = self.now()
         if check:
@@ -231,11 +245,18 @@ class Engine:
         return rec
 
     def _async_ok(self, check: bool) -> bool:
-        return (self.cfg.async_decode and self.graph is not None and self.graph.fast and not check
-                and (self.cfg.greedy or self.cfg.temperature <= 0))
+        return self.cfg.async_decode and self.graph is not None and self.graph.fast and not check
+
+    def _seed(self, r) -> int:
+        """The seed of request ``r``'s next new token (its ``len(r.output)``-th)."""
+        return row_seed(self.cfg.seed, r.rid, len(r.output))
+
+    def _seeds(self, sched) -> list | None:
+        """Per row of a graph step: the seed of its request's next token (None when greedy)."""
+        return None if self.temperature <= 0 else [self._seed(r) for r, _ in sched]
 
     def _step_async(self, sched, specs, t0) -> StepRecord:
-        """A greedy graph step that does not wait for its tokens (``async_decode``): rows whose input token is still
+        """A graph step that does not wait for its tokens (``async_decode``): rows whose input token is still
         in flight take it on the device; then the previous step's tokens are read (:meth:`sync`)."""
         s = self.sched
         prev = {id(r): j for j, r, _ in self._inflight[0]} if self._inflight is not None else {}
@@ -246,7 +267,7 @@ class Engine:
             src.append(prev[id(r)] if tok < 0 else -1)
         if self.profiler is not None:
             self.profiler.enabled = False
-        self.graph.run(specs, ids, src)
+        self.graph.run(specs, ids, src, self._seeds(sched))
         host, evt = self.graph.fetch_tokens(len(sched))
         if self.profiler is not None:
             self.profiler.enabled = True
@@ -309,14 +330,13 @@ class Engine:
         return self.model.logits(hidden[md.last_token_index])
 
     def _pick(self, logits, rows: list) -> list:
+        """The next tokens of ``rows`` ``[(logits row, request)]`` (:func:`~dsa.model.sampling.sample_tokens`)."""
         if not rows:
             return []
-        if self.cfg.greedy or self.cfg.temperature <= 0:
-            return torch.argmax(logits[rows], dim=-1).tolist()
-        from ..model.generate import _pick
-
-        lg = logits[rows].float().cpu()
-        return [_pick(lg[k], False, self.cfg.temperature, self.cfg.top_p, self.gen) for k in range(len(rows))]
+        seeds = None
+        if self.temperature > 0:
+            seeds = torch.tensor([self._seed(r) for _, r in rows], dtype=torch.int64, device=logits.device)
+        return sample_tokens(logits[[j for j, _ in rows]], seeds, self.temperature, self.cfg.top_p).tolist()
 
     # ------------------------------------------------------------------ --check
     def _want_check(self, pure_decode: bool, num_tokens: int) -> bool:

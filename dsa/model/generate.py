@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .metadata import RequestSpec, build_step_metadata
+from .sampling import row_seed, sample_tokens
 
 
 class _Req:
@@ -72,8 +73,10 @@ def generate(model, prompts: list, max_new_tokens: int, *, greedy: bool = True, 
     """Continue each prompt (a list of token ids) by up to ``max_new_tokens`` tokens.
 
     Greedy: ``argmax`` of the fp32 logits (first index among equal maxima). Sampled: softmax of
-    ``logits / temperature`` restricted to the smallest top-``top_p`` nucleus, drawn with a CPU
-    generator seeded by ``seed``. A request stops at the config's ``eos_token_id`` (kept in its
+    ``logits / temperature`` restricted to the smallest top-``top_p`` nucleus
+    (:func:`~dsa.model.sampling.sample_tokens`), the ``k``-th new token of prompt ``i`` drawn with the seed
+    ``row_seed(seed, i, k)``: the same tokens as :class:`dsa.engine.Engine` gives its ``i``-th request under the
+    same ``seed``, whatever the batching. A request stops at the config's ``eos_token_id`` (kept in its
     output) unless ``ignore_eos``. Returns the new tokens of each prompt (and, with
     ``return_logits``, the fp32 logits each token was chosen from).
     """
@@ -90,17 +93,20 @@ def generate(model, prompts: list, max_new_tokens: int, *, greedy: bool = True, 
     eos = set() if ignore_eos or eos is None else set(eos if isinstance(eos, list) else [eos])
     cache = _cache_for(model, [len(p) + max_new_tokens for p in prompts], block_size, num_blocks)
     reqs = [_Req(p, cache.allocate(-(-(len(p) + max_new_tokens) // block_size))) for p in prompts]
-    gen = torch.Generator().manual_seed(seed)
     logs = [[] for _ in prompts]
+    index = {id(r): i for i, r in enumerate(reqs)}
+    temp = 0.0 if greedy else temperature
     active = [r for r in reqs] if max_new_tokens > 0 else []
     while active:
         last, _ = _run_step(model, cache, active, block_size, max_logits_bytes)
-        for r, lg in zip(active, last):
-            tok = _pick(lg, greedy, temperature, top_p, gen)
+        seeds = None if temp <= 0 else torch.tensor([row_seed(seed, index[id(r)], len(r.out)) for r in active],
+                                                    dtype=torch.int64, device=last[0].device)
+        picked = sample_tokens(torch.stack([lg.reshape(-1) for lg in last]), seeds, temp, top_p).tolist()
+        for r, lg, tok in zip(active, last, picked):
             r.tokens.append(tok)
             r.out.append(tok)
             if return_logits:
-                logs[reqs.index(r)].append(lg)
+                logs[index[id(r)]].append(lg)
             if tok in eos or len(r.out) >= max_new_tokens:
                 r.done = True
         active = [r for r in active if not r.done]
@@ -109,13 +115,3 @@ def generate(model, prompts: list, max_new_tokens: int, *, greedy: bool = True, 
     outs = [r.out for r in reqs]
     return (outs, logs) if return_logits else outs
 
-
-def _pick(logits: torch.Tensor, greedy: bool, temperature: float, top_p: float, gen) -> int:
-    if greedy or temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-    if top_p < 1.0:
-        sp, si = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sp, 0) - sp < top_p
-        probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
-    return int(torch.multinomial(probs, 1, generator=gen))
