@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dsa.model.sampling import row_seed, sample_tokens, uniforms
+from dsa.model.sampling import nucleus, row_seed, sample_tokens, uniforms
 
 N = 40_000  # draws per distribution: 5 sigma of a frequency p is 5 sqrt(p (1 - p) / N) <= 0.0125
 
@@ -41,6 +41,24 @@ def test_frequencies_follow_the_nucleus_distribution(T, top_p):
     assert torch.all(freq[want == 0] == 0)  # never a token outside the nucleus
     if top_p < 1.0:
         assert (want == 0).any()  # (the cases do cut the tail)
+
+
+@pytest.mark.parametrize("B,V", [(1, 7), (5, 1000), (3, 129280)])
+def test_nucleus_equals_the_row_by_row_sorted_rule(B, V):
+    """The nucleus from one 1-D sort of (row, probability bits) keys equals the rule written out row by row: a stable
+    descending sort, the tokens whose preceding mass is below top_p (the first always), with ties (equal logits) and
+    underflowed zeros in the rows."""
+    g = torch.Generator().manual_seed(B * V)
+    z = torch.randn(B, V, generator=g) * 4
+    z[:, 3] = z[:, 5]  # a tie
+    z[:, -(V // 3):] = -200.0  # probabilities that underflow to 0
+    p = torch.softmax(z, -1)
+    for top_p in (1e-3, 0.3, 0.9, 0.999, 1.0):
+        sp, si = torch.sort(p, dim=-1, descending=True, stable=True)
+        keep = (torch.cumsum(sp, -1) - sp) < top_p
+        keep[:, 0] = True
+        want = torch.zeros_like(keep).scatter_(1, si, keep)
+        assert torch.equal(nucleus(p, top_p), want), top_p
 
 
 def test_greedy_is_argmax_first_of_ties():
