@@ -124,16 +124,11 @@ def measure(wl, dev, label: str, waiting: bool = False) -> dict:
 def sampler_cost(dev, vocab: int) -> None:
     """The token choice alone, CUDA-graph medians (µs) over ``[B, vocab]`` fp32 logits: the greedy argmax against
     :func:`~dsa.model.sampling.sample_tokens` sampled, with and without the top-p nucleus; and the nucleus alone,
-    from one 1-D sort of the batch (:func:`~dsa.model.sampling.nucleus`) against a row-by-row ``[B, V]`` sort."""
+    from one 1-D sort of the batch (:func:`~dsa.model.sampling.nucleus`) against a row-by-row ``[B, V]`` sort
+    (:func:`~dsa.model.sampling.nucleus_ref`)."""
     import triton
 
-    from dsa.model.sampling import nucleus, row_seed, sample_tokens
-
-    def by_rows(p, top_p):
-        sp, si = torch.sort(p, dim=-1, descending=True, stable=True)
-        keep = (torch.cumsum(sp, -1) - sp) < top_p
-        keep[:, 0] = True
-        return torch.zeros_like(keep).scatter_(1, si, keep)
+    from dsa.model.sampling import nucleus, nucleus_ref, row_seed, sample_tokens
 
     print(f"\ntoken choice alone over [B, {vocab}] fp32 logits (CUDA-graph medians, µs; the baseline is torch.argmax)")
     print("| B | argmax | sampled, top-p 1 | sampled, top-p 0.95 | nucleus: 1-D sort | nucleus: [B, V] sort | same |")
@@ -144,8 +139,8 @@ def sampler_cost(dev, vocab: int) -> None:
         seeds = torch.tensor([row_seed(0, i, 5) for i in range(B)], device=dev)
         t = [triton.testing.do_bench_cudagraph(fn) * 1e3 for fn in (
             lambda: torch.argmax(lg, -1), lambda: sample_tokens(lg, seeds, 0.8, 1.0),
-            lambda: sample_tokens(lg, seeds, 0.8, 0.95), lambda: nucleus(p, 0.95), lambda: by_rows(p, 0.95))]
-        same = bool(torch.equal(nucleus(p, 0.95), by_rows(p, 0.95)))
+            lambda: sample_tokens(lg, seeds, 0.8, 0.95), lambda: nucleus(p, 0.95), lambda: nucleus_ref(p, 0.95))]
+        same = bool(torch.equal(nucleus(p, 0.95), nucleus_ref(p, 0.95)))
         print(f"| {B} | " + " | ".join(f"{x:.1f}" for x in t) + f" | {same} |")
 
 

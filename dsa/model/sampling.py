@@ -94,4 +94,13 @@ def nucleus(p: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros(B * V, dtype=torch.bool, device=p.device).scatter_(0, order, keep.reshape(-1)).view(B, V)
 
 
-__all__ = ["sample_tokens", "row_seed", "uniforms", "nucleus"]
+def nucleus_ref(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """:func:`nucleus`'s rule written out row by row (its meaning, for tests and benchmarks): a stable descending
+    sort of each row, the tokens whose preceding mass is below ``top_p``, the first always."""
+    sp, si = torch.sort(p, dim=-1, descending=True, stable=True)
+    keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
+    keep[:, 0] = True
+    return torch.zeros_like(keep).scatter_(1, si, keep)
+
+
+__all__ = ["sample_tokens", "row_seed", "uniforms", "nucleus", "nucleus_ref"]
