@@ -49,7 +49,7 @@ class Workload:
     max_prefill_chunk: int | None = None
     num_blocks: int | None = None  # default: every request's whole length at once, plus slack
     seed: int = 0
-    temperature: float = 0.0  # 0: greedy; else sampled (dsa.model.sampling), each token seeded by (seed, request, k)
+    temperature: float = 0.0  # 0: greedy; else sampled (dsa.sampling), each token seeded by (seed, request, k)
     top_p: float = 1.0
 
     @staticmethod

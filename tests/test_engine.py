@@ -445,7 +445,7 @@ def test_gpu_sampled_graph_steps_equal_eager():
     steps read them a step late or wait (the same replays). The static step, the plain eager engine and generate
     compute the logits in other shapes, where a near-tie may flip a draw: at most two of six requests may differ."""
     from dsa.model import RequestSpec
-    from dsa.model.sampling import row_seed, sample_tokens
+    from dsa.sampling import row_seed, sample_tokens
 
     m = random_model(tiny_config(num_hidden_layers=2), seed=0).to("cuda")
     m.set_options(indexer_dtype="fp8", kv_format="fp8_ds_mla")

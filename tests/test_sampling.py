@@ -1,37 +1,43 @@
-"""Next-token choice (``dsa.model.sampling``): greedy is argmax; sampled tokens follow softmax(logits / T) over the
-top-p nucleus (frequencies of many seeded draws against the exact probabilities, within 5 standard deviations);
-each row depends only on its own logits and seed (not on the batch around it); the hash's uniforms are uniform and
-the row seeds distinct. Engine and ``generate`` agreement under sampling is in tests/test_engine.py."""
+"""Next-token choice (``dsa.sampling``): greedy is argmax; sampled tokens follow softmax(logits / T) over the
+top-p nucleus (frequencies of many seeded draws of the reference against the exact probabilities, within 5 standard
+deviations); the Triton kernel picks the reference's tokens (random rows of every dtype and shape, masked
+vocabulary, ties, candidates outside the nucleus); each row depends only on its own logits and seed (not on the
+batch around it); the hash's uniforms are uniform and never 1, and the row seeds distinct. Engine and ``generate``
+agreement under sampling is in tests/test_engine.py."""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from utils import DEVICE, ON_GPU
 
-from dsa.model.sampling import nucleus, nucleus_ref, row_seed, sample_tokens, uniforms
+from dsa.sampling import (gumbel, nucleus, nucleus_ref, row_seed, sample_tokens, sample_tokens_ref, scaled_logits,
+                          uniforms)
+from dsa.sampling.reference import U_BITS, _mix32, uniform_of_hash
 
 N = 40_000  # draws per distribution: 5 sigma of a frequency p is 5 sqrt(p (1 - p) / N) <= 0.0125
+CASES = [(1.0, 1.0), (0.6, 1.0), (1.7, 1.0), (1.0, 0.8), (0.5, 0.5), (2.0, 0.95)]
 
 
 def _nucleus_probs(z: torch.Tensor, T: float, top_p: float) -> torch.Tensor:
     """The exact distribution: softmax(z / T) in float64, cut to the nucleus (the tokens whose preceding mass in
     descending order is below top_p), renormalised."""
     p = torch.softmax(z.double() / T, 0)
-    q = p * nucleus_ref(p[None], top_p)[0]
+    q = p * nucleus_ref(z.double()[None] / T, top_p)[0]
     return q / q.sum()
 
 
-def _seeds(n: int, run: int = 0) -> torch.Tensor:
-    return torch.tensor([row_seed(run, i, 7) for i in range(n)], dtype=torch.int64)
+def _seeds(n: int, run: int = 0, device="cpu") -> torch.Tensor:
+    return torch.tensor([row_seed(run, i, 7) for i in range(n)], dtype=torch.int64, device=device)
 
 
-@pytest.mark.parametrize("T,top_p", [(1.0, 1.0), (0.6, 1.0), (1.7, 1.0), (1.0, 0.8), (0.5, 0.5), (2.0, 0.95)])
+@pytest.mark.parametrize("T,top_p", CASES)
 def test_frequencies_follow_the_nucleus_distribution(T, top_p):
     g = torch.Generator().manual_seed(int(T * 10 + top_p * 100))
     z = torch.randn(12, generator=g) * 1.5
     want = _nucleus_probs(z, T, top_p)
-    tok = sample_tokens(z.expand(N, -1), _seeds(N), T, top_p)
+    tok = sample_tokens(z.expand(N, -1), _seeds(N), T, top_p, backend="reference")
     freq = torch.bincount(tok, minlength=12).double() / N
     sigma = torch.sqrt(want * (1 - want) / N)
     assert torch.all((freq - want).abs() <= 5 * sigma + 1e-12), (freq, want)
@@ -40,18 +46,33 @@ def test_frequencies_follow_the_nucleus_distribution(T, top_p):
         assert (want == 0).any()  # (the cases do cut the tail)
 
 
+@pytest.mark.parametrize("T,top_p", CASES)
+def test_kernel_draws_the_reference_tokens_of_the_frequency_cases(T, top_p):
+    """The kernel on the frequency test's rows (the same logits in every row, a stride-0 view) picks the reference's
+    token in each of 300 (CPU interpreter) or all 40,000 (GPU) draws, so its frequencies are those measured above."""
+    g = torch.Generator().manual_seed(int(T * 10 + top_p * 100))
+    z = (torch.randn(12, generator=g) * 1.5).to(DEVICE)
+    n = N if ON_GPU else 300
+    seeds = _seeds(n, device=DEVICE)
+    got = sample_tokens(z.expand(n, -1), seeds, T, top_p, backend="triton")
+    assert torch.equal(got, sample_tokens_ref(z.expand(n, -1), seeds, T, top_p))
+
+
 @pytest.mark.parametrize("B,V", [(1, 7), (5, 1000), (3, 129280)])
 def test_nucleus_equals_the_row_by_row_sorted_rule(B, V):
-    """The nucleus from one 1-D sort of (row, probability bits) keys equals the rule written out row by row: a stable
-    descending sort, the tokens whose preceding mass is below top_p (the first always), with ties (equal logits) and
-    underflowed zeros in the rows."""
+    """The nucleus from one 1-D sort of (row, logit bits) keys equals the rule written out row by row: a stable
+    descending sort, the tokens whose preceding mass is below top_p (the first always), with ties (equal logits,
+    +0.0 against -0.0), masked tokens (-inf) and probabilities that underflow to 0 in the rows."""
     g = torch.Generator().manual_seed(B * V)
     z = torch.randn(B, V, generator=g) * 4
     z[:, 3] = z[:, 5]  # a tie
+    z[:, 1], z[:, 2] = 0.0, -0.0  # equal logits too (scaled_logits makes -0.0 +0.0)
     z[:, -(V // 3):] = -200.0  # probabilities that underflow to 0
-    p = torch.softmax(z, -1)
+    if V > 10:
+        z[:, 8] = float("-inf")
+    z = scaled_logits(z, 1.0)
     for top_p in (1e-3, 0.3, 0.9, 0.999, 1.0):
-        assert torch.equal(nucleus(p, top_p), nucleus_ref(p, top_p)), top_p
+        assert torch.equal(nucleus(z, top_p), nucleus_ref(z, top_p)), top_p
 
 
 def test_greedy_is_argmax_first_of_ties():
@@ -113,5 +134,97 @@ def test_bad_arguments_are_refused():
         sample_tokens(z, _seeds(2), 1.0)
     with pytest.raises(ValueError, match="seeds"):
         sample_tokens(z, None, 1.0)
-    with pytest.raises(ValueError, match=r"\[B, V\]"):
+    with pytest.raises(ValueError, match="logits: expected 2 dims"):
         sample_tokens(z[0], None, 0.0)
+    with pytest.raises(TypeError, match="seeds: expected dtype int64"):
+        sample_tokens(z, _seeds(3).int(), 1.0)
+    with pytest.raises(TypeError, match="logits: expected dtype"):
+        sample_tokens(z.double(), _seeds(3), 1.0)
+    with pytest.raises(ValueError, match="logits: expected the last dim to be contiguous"):
+        sample_tokens(z.t(), _seeds(10), 1.0)
+
+
+def test_the_largest_hash_gives_a_uniform_below_one():
+    """u = 1 would make g = +inf: that token drawn whatever its probability. With 24 bits of the hash, 2**24 - 0.5
+    rounds to 2**24 in fp32; with 23 every u is exact and inside (0, 1)."""
+    h = torch.tensor([0, 1 << 8, (1 << 32) - 1, (1 << 32) - (1 << 8)], dtype=torch.int64)
+    u = uniform_of_hash(h)
+    assert U_BITS == 23 and float(u.max()) == 1 - 2.0 ** -24 and float(u.min()) == 2.0 ** -24
+    g = -torch.log(-torch.log(u))
+    assert torch.isfinite(g).all() and float(g.max()) < 16.7
+    # the 24-bit form this replaced: the largest hash gave u = 1
+    assert float(((h[2] >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))) == 1.0
+
+
+def test_a_token_with_the_largest_hash_is_not_drawn_when_unlikely():
+    """Request 6468's first token (run seed 0) has a hash whose top 24 bits are all ones at vocabulary index 3584: the
+    draw that the 24-bit uniforms made certain. Here that token is e^-30 less likely than any other and is not drawn,
+    by the reference or the kernel."""
+    seed = row_seed(0, 6468, 0)
+    v = torch.tensor([3584], dtype=torch.int64)
+    h = _mix32(_mix32(v ^ ((seed >> 32) & 0xFFFFFFFF)) ^ (seed & 0xFFFFFFFF))
+    assert int(h) >> 8 == (1 << 24) - 1  # (the case the test is about)
+    z = torch.randn(1, 4096, generator=torch.Generator().manual_seed(3)).clamp(-3, 3)
+    z[0, 3584] = -33.0
+    seeds = torch.tensor([seed])
+    for backend in ("reference", "triton"):
+        tok = sample_tokens(z.to(DEVICE), seeds.to(DEVICE), 1.0, 1.0, backend=backend)
+        assert int(tok) != 3584, backend
+    assert float(gumbel(seeds, 4096)[0, 3584]) > 16.6  # (its noise is the largest there is, and finite)
+
+
+def _rows(B, V, g, dtype, scale=3.0):
+    z = torch.randn(B, V, generator=g) * scale
+    if V > 20:
+        z[:, 4] = z[:, 11]  # ties
+        z[:, 13] = z.max(1).values  # a tie with the top token
+        z[:, V // 2:V // 2 + 7] = float("-inf")  # masked vocabulary
+    return z.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,V", [(1, 1), (3, 7), (6, 1000), (4, 2049), (2, 129280)])
+def test_kernel_picks_the_reference_tokens(B, V, dtype):
+    """Random rows of every dtype, vocabulary sizes not a multiple of the kernel's block, ties, masked (-inf)
+    tokens, rows read through a stride (a slice of a wider tensor): the kernel's tokens are the reference's, for
+    every temperature and top-p, and never a masked token."""
+    g = torch.Generator().manual_seed(B * V + dtype.itemsize)
+    wide = _rows(B, V + 5, g, dtype).to(DEVICE)
+    z = wide[:, 2:V + 2]
+    if V + 2 > 20:
+        z[:, 1] = float("-inf")
+    seeds = torch.tensor([row_seed(V, i, 3) for i in range(B)], dtype=torch.int64, device=DEVICE)
+    for T, top_p in [(1.0, 1.0), (0.7, 0.9), (1.3, 0.3), (0.05, 0.95), (1.0, 1e-4), (3.0, 0.999)]:
+        got = sample_tokens(z, seeds, T, top_p, backend="triton")
+        want = sample_tokens_ref(z, seeds, T, top_p)
+        assert got.dtype == torch.int64 and got.device == z.device
+        assert torch.equal(got, want), (T, top_p, got.tolist(), want.tolist())
+        assert torch.isfinite(z.float().gather(1, got[:, None])).all()
+
+
+def test_kernel_walks_past_candidates_outside_the_nucleus():
+    """Flat rows (many tokens of near-equal mass): the argmax of z + g over the whole row is almost never in a small
+    nucleus, so the kernel moves through several candidates before it accepts one (counted for these rows: up to 11,
+    6.1 on average at top_p 1e-6; 38 of 48 rows pass more than one at 0.3). With top_p below every mass the
+    answer is the most likely token; with 0.05 / 0.3 it is the reference's."""
+    g = torch.Generator().manual_seed(9)
+    B, V = 48, 400
+    z = (torch.randn(B, V, generator=g) * 0.3).to(DEVICE)
+    seeds = _seeds(B, run=5, device=DEVICE)
+    tiny = sample_tokens(z, seeds, 1.0, 1e-6, backend="triton")
+    assert torch.equal(tiny, torch.argmax(z, -1))
+    assert not torch.equal(sample_tokens(z, seeds, 1.0, 1.0, backend="triton"), tiny)  # (the first candidates)
+    for top_p in (0.05, 0.3):
+        got = sample_tokens(z, seeds, 1.0, top_p, backend="triton")
+        assert torch.equal(got, sample_tokens_ref(z, seeds, 1.0, top_p)), top_p
+        assert nucleus_ref(scaled_logits(z, 1.0), top_p).gather(1, got[:, None]).all()
+
+
+def test_kernel_hash_is_the_reference_hash():
+    """At a huge temperature z is ~0 and the draw is the argmax of the Gumbel noise alone: the kernel's hash of
+    (seed, index) is the reference's, for seeds that use all 63 bits."""
+    B, V = 64, 3000
+    z = torch.randn(B, V, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    seeds = _seeds(B, run=123456789, device=DEVICE)
+    got = sample_tokens(z, seeds, 1e30, 1.0, backend="triton")
+    assert torch.equal(got, torch.argmax(gumbel(seeds, V), -1))

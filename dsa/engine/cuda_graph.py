@@ -18,7 +18,7 @@ a request's cache. Every shape inside the graph is fixed per bucket:
 With the fp8 indexer a graph also takes each row's token from the device, and picks the next tokens on it: a row
 whose ``src`` field is ``>= 0`` reads its id from row ``src`` of :attr:`DecodeGraphRunner.last_tok` (the tokens the
 previous graph step picked, never read back by the host in between), and every replay ends by writing there the
-tokens :func:`~dsa.model.sampling.sample_tokens` picks from its logits (greedy, or sampled with each row's ``seed``
+tokens :func:`~dsa.sampling.sample_tokens` picks from its logits (greedy, or sampled with each row's ``seed``
 field). :meth:`DecodeGraphRunner.fetch_tokens` copies them to the host without waiting for them, so that the engine
 can prepare the next step while the GPU runs this one (:class:`~dsa.engine.Engine`, ``async_decode``).
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..model.metadata import RequestSpec, StepMetadata, build_step_metadata
-from ..model.sampling import sample_tokens
+from ..sampling import sample_tokens
 
 
 def default_buckets(max_num_seqs: int) -> list:
@@ -323,7 +323,7 @@ class DecodeGraphRunner:
         """Decode ``specs`` (each ``num_new == 1``, in this order) fed ``token_ids``: fp32 logits ``[B, V]``.
         ``src`` (fp8 indexer only): per row, the row of the previous graph step's tokens (:attr:`last_tok`) to
         take its id from instead, or -1. ``seeds`` (fp8 indexer, sampled): per row, the seed of its next token
-        (:func:`~dsa.model.sampling.row_seed`). The tokens picked land in :attr:`last_tok` (:meth:`fetch_tokens`).
+        (:func:`~dsa.sampling.row_seed`). The tokens picked land in :attr:`last_tok` (:meth:`fetch_tokens`).
         Does not wait for the GPU."""
         B = len(specs)
         bucket = self.bucket_for(B)

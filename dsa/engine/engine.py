@@ -11,7 +11,7 @@ One :meth:`Engine.step`: the scheduler (:mod:`dsa.engine.scheduler`) picks the d
 prefill chunks, the step metadata is built once (:func:`dsa.model.build_step_metadata`), one
 model forward runs every token of the step, and each request whose prompt is now fully cached
 gets its next token (greedy by default; sampled with ``greedy=False``: the ``k``-th new token of the ``i``-th
-request added is drawn with :func:`~dsa.model.sampling.row_seed` ``(seed, i, k)``, so it is the token
+request added is drawn with :func:`~dsa.sampling.row_seed` ``(seed, i, k)``, so it is the token
 :func:`dsa.model.generate` draws for prompt ``i``, whatever the batching). Requests stop at
 ``max_new_tokens`` or at the config's EOS (unless ``ignore_eos``) and give their blocks back.
 A pure-decode step on a GPU replays a CUDA graph (:mod:`dsa.engine.cuda_graph`) when the model
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.metadata import RequestSpec, build_step_metadata
-from ..model.sampling import row_seed, sample_tokens
+from ..sampling import row_seed, sample_tokens
 from .block_manager import BlockManager
 from .cuda_graph import DecodeGraphRunner, default_buckets, graph_unsupported_reason
 from .profiler import StageProfiler
@@ -330,7 +330,7 @@ class Engine:
         return self.model.logits(hidden[md.last_token_index])
 
     def _pick(self, logits, rows: list) -> list:
-        """The next tokens of ``rows`` ``[(logits row, request)]`` (:func:`~dsa.model.sampling.sample_tokens`)."""
+        """The next tokens of ``rows`` ``[(logits row, request)]`` (:func:`~dsa.sampling.sample_tokens`)."""
         if not rows:
             return []
         seeds = None

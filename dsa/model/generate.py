@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .metadata import RequestSpec, build_step_metadata
-from .sampling import row_seed, sample_tokens
+from ..sampling import row_seed, sample_tokens
 
 
 class _Req:
@@ -74,7 +74,7 @@ def generate(model, prompts: list, max_new_tokens: int, *, greedy: bool = True, 
 
     Greedy: ``argmax`` of the fp32 logits (first index among equal maxima). Sampled: softmax of
     ``logits / temperature`` restricted to the smallest top-``top_p`` nucleus
-    (:func:`~dsa.model.sampling.sample_tokens`), the ``k``-th new token of prompt ``i`` drawn with the seed
+    (:func:`~dsa.sampling.sample_tokens`), the ``k``-th new token of prompt ``i`` drawn with the seed
     ``row_seed(seed, i, k)``: the same tokens as :class:`dsa.engine.Engine` gives its ``i``-th request under the
     same ``seed``, whatever the batching. A request stops at the config's ``eos_token_id`` (kept in its
     output) unless ``ignore_eos``. Returns the new tokens of each prompt (and, with
