@@ -54,6 +54,28 @@ def _argmax_first(y, offs, V):
 
 
 @triton.jit
+def _block(xr, start, ar, V, inv_t):
+    """One block of the row: (offsets, in range, ``z`` with -inf out of range, the block's largest ``z``)."""
+    offs = start + ar
+    msk = offs < V
+    z = tl.load(xr + offs, mask=msk, other=float("-inf")).to(tl.float32) * inv_t
+    return offs, msk, z, tl.max(z, 0)
+
+
+@triton.jit
+def _fold_noisy_argmax(z, keep, offs, bmax, best, best_i, s_hi, s_lo, V, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+    """(best, best_i) updated with the block's argmax of ``z + g`` over ``keep``; the hash and the logarithms are
+    skipped when even ``bmax + G_MAX`` cannot beat ``best`` (the result is the same)."""
+    if bmax + G_MAX >= best:
+        y = tl.where(keep, z + _gumbel(offs, s_hi, s_lo, U_BITS), float("-inf"))
+        bv, bi = _argmax_first(y, offs, V)
+        if bv > best:
+            best = bv
+            best_i = bi
+    return best, best_i
+
+
+@triton.jit
 def _sample_kernel(x_ptr, stride_row, seeds_ptr, out_ptr, V, inv_t, top_p,
                    CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
     row = tl.program_id(0)
@@ -70,21 +92,13 @@ def _sample_kernel(x_ptr, stride_row, seeds_ptr, out_ptr, V, inv_t, top_p,
     best = tl.full([], NEG, tl.float32)
     best_i = tl.full([], 0, tl.int32)
     for start in range(0, V, BLOCK):
-        offs = start + ar
-        msk = offs < V
-        z = tl.load(xr + offs, mask=msk, other=NEG).to(tl.float32) * inv_t
-        bmax = tl.max(z, 0)
+        offs, msk, z, bmax = _block(xr, start, ar, V, inv_t)
         if CUT:
             m_new = tl.maximum(m, bmax)
             m_ref = tl.where(m_new == NEG, 0.0, m_new)
             s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), 0)
             m = m_new
-        if bmax + G_MAX >= best:
-            y = tl.where(msk, z + _gumbel(offs, s_hi, s_lo, U_BITS), NEG)
-            bv, bi = _argmax_first(y, offs, V)
-            if bv > best:
-                best = bv
-                best_i = bi
+        best, best_i = _fold_noisy_argmax(z, msk, offs, bmax, best, best_i, s_hi, s_lo, V, U_BITS, G_MAX)
 
     if CUT:
         # candidate passes: accept the candidate when the mass ahead of it is below top_p, else move to the
@@ -97,19 +111,11 @@ def _sample_kernel(x_ptr, stride_row, seeds_ptr, out_ptr, V, inv_t, top_p,
             nb = tl.full([], NEG, tl.float32)
             ni = cand
             for start in range(0, V, BLOCK):
-                offs = start + ar
-                msk = offs < V
-                z = tl.load(xr + offs, mask=msk, other=NEG).to(tl.float32) * inv_t
-                bmax = tl.max(z, 0)
+                offs, msk, z, bmax = _block(xr, start, ar, V, inv_t)
                 if bmax >= cz:
                     ahead = msk & ((z > cz) | ((z == cz) & (offs < cand)))
                     a += tl.sum(tl.where(ahead, tl.exp(z - m), 0.0), 0)
-                    if bmax + G_MAX >= nb:
-                        y = tl.where(ahead, z + _gumbel(offs, s_hi, s_lo, U_BITS), NEG)
-                        bv, bi = _argmax_first(y, offs, V)
-                        if bv > nb:
-                            nb = bv
-                            ni = bi
+                    nb, ni = _fold_noisy_argmax(z, ahead, offs, bmax, nb, ni, s_hi, s_lo, V, U_BITS, G_MAX)
             go = (a / s >= top_p) & (nb > NEG)
             cand = tl.where(go, ni, cand)
             cz = tl.load(xr + cand).to(tl.float32) * inv_t
