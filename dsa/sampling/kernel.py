@@ -1,25 +1,28 @@
-"""Triton kernel for sampled next-token choice (semantics: :mod:`dsa.sampling.reference`).
+"""Triton kernels for sampled next-token choice (semantics: :mod:`dsa.sampling.reference`).
 
-One program per row. The reference sorts the whole vocabulary to find the top-p nucleus; the kernel never sorts.
-Gumbel-max picks ``argmax(z + g)`` over the nucleus, and the nucleus is a prefix of the row in descending order of
-``z``. So the kernel takes the argmax over the whole row as a candidate and asks whether it is in the nucleus (the
-mass of the tokens ahead of it, under ``softmax(z)``, below ``top_p``). If it is, it is the answer: it beats every
-token, the nucleus' included. If not, no token at or behind it is in the nucleus either, and the next candidate is
-the argmax over the tokens ahead of it. Each candidate costs one pass over the row; the first pass also gives the
-softmax's maximum and sum. With ``top_p = 1`` one pass is all. A candidate falls outside the nucleus with
-probability about ``1 - top_p`` (the mass outside it); each next one is a draw among the tokens ahead, so on a flat
-row the candidates' ranks about halve at each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens
-at top_p 1e-6).
+The reference sorts the whole vocabulary to find the top-p nucleus; the kernels never sort. Gumbel-max picks
+``argmax(z + g)`` over the nucleus, and the nucleus is a prefix of the row in descending order of ``z``. So the
+kernels take the argmax over the whole row as a candidate and ask whether it is in the nucleus (the mass of the
+tokens ahead of it, under ``softmax(z)``, below ``top_p``). If it is, it is the answer: it beats every token, the
+nucleus' included. If not, no token at or behind it is in the nucleus either, and the next candidate is the argmax
+over the tokens ahead of it. A candidate falls outside the nucleus with probability about ``1 - top_p`` (the mass
+outside it); each next one is a draw among the tokens ahead, so on a flat row the candidates' ranks about halve at
+each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens at top_p 1e-6).
 
-* Pass 1: ``m = max(z)``, ``s = sum(exp(z - m))`` (online, rescaled per block), and the argmax of ``z + g``.
-  Blocks whose largest ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the
-  hash and the logarithms: the result is the same.
-* Candidate passes (``top_p < 1``): the mass ``a`` of the tokens ahead of the candidate (``z`` larger, or equal and
-  a smaller index) and the argmax of ``z + g`` among them. Accept when ``a / s < top_p`` or nothing is ahead.
+* Pass 1 (``_partials_kernel``, one program per chunk of :data:`CHUNK` tokens of a row): the chunk's ``max(z)``,
+  ``sum(exp(z - max))`` (online, rescaled per block; top-p only) and argmax of ``z + g``. Blocks whose largest
+  ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the logarithms.
+* The first candidate (``_check_kernel``, top-p only, one program per chunk): the chunks' partials combined in a
+  fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
+  smaller index) and its argmax of ``z + g`` ahead of it.
+* ``_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the chunks'
+  masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the whole row
+  (``_walk``: a pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
 
-The tokens are the reference's except where the candidate's mass ahead lies within the rounding of the two sums
-(the kernel's blockwise sum against the reference's cumulative sum in sorted order) of ``top_p``, or where two
-tokens' ``z + g`` are within the last bit (the logarithms of the two libraries).
+The chunks are a fixed size, so a row's sums, and so its token, never depend on the batch around it. The tokens are
+the reference's except where the candidate's mass ahead lies within the rounding of the two sums (the kernels'
+chunked sums against the reference's cumulative sum in sorted order) of ``top_p``, or where two tokens' ``z + g``
+are within the last bit (the logarithms of the two libraries).
 """
 from __future__ import annotations
 
@@ -110,48 +113,86 @@ def _scan(xr, lo, hi, V, inv_t, s_hi, s_lo, CUT: tl.constexpr, BLOCK: tl.constex
 
 
 @triton.jit
-def _walk(xr, V, inv_t, top_p, m, s, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-          G_MAX: tl.constexpr):
-    """The candidate passes: accept ``cand`` when the mass ahead of it (over ``s``, the softmax's sum at max ``m``)
-    is below ``top_p`` or nothing is ahead, else move to the argmax of ``z + g`` among the tokens ahead of it."""
-    NEG: tl.constexpr = float("-inf")
+def _ahead(z, offs, cz, cand):
+    """Which tokens are ahead of the candidate (index ``cand``, scaled logit ``cz``) in the nucleus' order."""
+    return (z > cz) | ((z == cz) & (offs < cand))
+
+
+@triton.jit
+def _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK: tl.constexpr):
+    """``sum(exp(z - m))`` over the tokens of ``[lo, hi)`` ahead of the candidate (per lane, then one sum)."""
     ar = tl.arange(0, BLOCK)
-    cz = tl.load(xr + cand).to(tl.float32) * inv_t
-    go = m > NEG
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + ar
+        msk = offs < hi
+        z = tl.load(xr + offs, mask=msk, other=float("-inf")).to(tl.float32) * inv_t
+        acc += tl.where(msk & _ahead(z, offs, cz, cand), tl.exp(z - m), 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                  G_MAX: tl.constexpr):
+    """The argmax of ``z + g`` over the tokens of ``[lo, hi)`` ahead of the candidate: (value, index), -inf if none."""
+    ar = tl.arange(0, BLOCK)
+    nb = tl.full([], float("-inf"), tl.float32)
+    ni = cand
+    for start in range(lo, hi, BLOCK):
+        offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
+        if bmax >= cz:
+            nb, ni = _fold_noisy_argmax(z, msk & _ahead(z, offs, cz, cand), offs, bmax, nb, ni, s_hi, s_lo, V,
+                                        U_BITS, G_MAX)
+    return nb, ni
+
+
+@triton.jit
+def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+          G_MAX: tl.constexpr):
+    """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
+    softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
+    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for its mass ahead, and one for the
+    argmax ahead of it only when it is rejected too."""
+    go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
     while go:
-        a = tl.full([], 0.0, tl.float32)
-        nb = tl.full([], NEG, tl.float32)
-        ni = cand
-        for start in range(0, V, BLOCK):
-            offs, msk, z, bmax = _block(xr, start, ar, V, inv_t)
-            if bmax >= cz:
-                ahead = msk & ((z > cz) | ((z == cz) & (offs < cand)))
-                a += tl.sum(tl.where(ahead, tl.exp(z - m), 0.0), 0)
-                nb, ni = _fold_noisy_argmax(z, ahead, offs, bmax, nb, ni, s_hi, s_lo, V, U_BITS, G_MAX)
-        go = (a / s >= top_p) & (nb > NEG)
-        cand = tl.where(go, ni, cand)
+        cand = ni
         cz = tl.load(xr + cand).to(tl.float32) * inv_t
+        a = _mass_ahead(xr, 0, V, inv_t, m, cz, cand, BLOCK)
+        go = a / s >= top_p
+        nb = tl.full([], float("-inf"), tl.float32)
+        if go:
+            nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+        go = go & (nb > float("-inf"))
     return cand
 
 
 @triton.jit
-def _sample_kernel(x_ptr, stride_row, seeds_ptr, out_ptr, V, inv_t, top_p,
-                   CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """One program per row: pass 1 over the whole row, then the candidate passes."""
-    row = tl.program_id(0)
-    xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
-    m, s, best, cand = _scan(xr, 0, V, V, inv_t, s_hi, s_lo, CUT, BLOCK, U_BITS, G_MAX)
+def _combine(part_f, part_i, row, S, V, S_P2: tl.constexpr, CUT: tl.constexpr):
+    """The chunks' pass-1 partials of a row combined in a fixed order: (max ``z``, the softmax's sum at that max,
+    the first argmax of ``z + g``)."""
+    NEG: tl.constexpr = float("-inf")
+    k = tl.arange(0, S_P2)
+    ok = k < S
+    pf = part_f + row.to(tl.int64) * 3 * S + k
+    bv = tl.load(pf + 2 * S, mask=ok, other=NEG)
+    bi = tl.load(part_i + row.to(tl.int64) * S + k, mask=ok, other=V)
+    cand = tl.min(tl.where(bv == tl.max(bv, 0), bi, V), 0)
+    m = tl.full([], NEG, tl.float32)
+    s = tl.full([], 0.0, tl.float32)
     if CUT:
-        cand = _walk(xr, V, inv_t, top_p, m, s, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
-    tl.store(out_ptr + row, cand.to(tl.int64))
+        mc = tl.load(pf, mask=ok, other=NEG)
+        m = tl.max(mc, 0)
+        m_ref = tl.where(m == NEG, 0.0, m)
+        s = tl.sum(tl.load(pf + S, mask=ok, other=0.0) * tl.exp(mc - m_ref), 0)
+    return m, s, cand
 
 
 @triton.jit
 def _partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
                      CHUNK: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
                      G_MAX: tl.constexpr):
-    """Pass 1 split: program (row, c) scans ``[c * CHUNK, (c + 1) * CHUNK)`` into ``part_f [B, 3, S]`` (max, sum,
-    best value) and ``part_i [B, S]`` (best index)."""
+    """Pass 1, program (row, c) over ``[c * CHUNK, (c + 1) * CHUNK)``: ``part_f [B, 3, S]`` (max, sum, best value)
+    and ``part_i [B, S]`` (best index)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
@@ -165,58 +206,74 @@ def _partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
 
 
 @triton.jit
-def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, out_ptr, V, inv_t, top_p, S,
+def _check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                  S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                  G_MAX: tl.constexpr):
+    """The first candidate's pass (top-p), program (row, c) over its chunk: the mass ahead of the candidate and the
+    argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
+    m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
+    cz = tl.load(xr + cand).to(tl.float32) * inv_t
+    lo = c * CHUNK
+    hi = tl.minimum(lo + CHUNK, V)
+    a = _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK)
+    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+    cf = chk_f + row.to(tl.int64) * 2 * S + c
+    tl.store(cf, a)
+    tl.store(cf + S, nb)
+    tl.store(chk_i + row.to(tl.int64) * S + c, ni)
+
+
+@triton.jit
+def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, out_ptr, V, inv_t, top_p, S,
                    S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
                    G_MAX: tl.constexpr):
-    """One program per row: the chunks' partials combined in a fixed order (max, rescaled sum, first argmax),
-    then the candidate passes."""
-    NEG: tl.constexpr = float("-inf")
+    """One program per row: the pass-1 partials combined; with top-p, the first candidate's chunk results combined
+    (the mass ahead summed in chunk order, the first argmax ahead), then the later candidates' passes."""
     row = tl.program_id(0)
-    xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
-    k = tl.arange(0, S_P2)
-    ok = k < S
-    pf = part_f + row.to(tl.int64) * 3 * S + k
-    bv = tl.load(pf + 2 * S, mask=ok, other=NEG)
-    bi = tl.load(part_i + row.to(tl.int64) * S + k, mask=ok, other=V)
-    best = tl.max(bv, 0)
-    cand = tl.min(tl.where(bv == best, bi, V), 0)
+    m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, CUT)
     if CUT:
-        mc = tl.load(pf, mask=ok, other=NEG)
-        m = tl.max(mc, 0)
-        m_ref = tl.where(m == NEG, 0.0, m)
-        s = tl.sum(tl.load(pf + S, mask=ok, other=0.0) * tl.exp(mc - m_ref), 0)
-        cand = _walk(xr, V, inv_t, top_p, m, s, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+        xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
+        k = tl.arange(0, S_P2)
+        ok = k < S
+        cf = chk_f + row.to(tl.int64) * 2 * S + k
+        a = tl.sum(tl.load(cf, mask=ok, other=0.0), 0)
+        nbs = tl.load(cf + S, mask=ok, other=float("-inf"))
+        nb = tl.max(nbs, 0)
+        ni = tl.min(tl.where(nbs == nb, tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V), V), 0)
+        cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     tl.store(out_ptr + row, cand.to(tl.int64))
 
 
-#: the split pass 1's chunk of the vocabulary (a fixed number, so that a row's sums, and so its token, never depend
-#: on the batch around it)
+#: pass 1's and the first candidate's chunk of the vocabulary, one program each (a fixed number, so that a row's
+#: sums, and so its token, never depend on the batch around it), and the blocks and warps of the kernels (H100
+#: sweep, BENCHMARKS.md sixty-first session)
 CHUNK = 8192
+CHUNK_BLOCK, CHUNK_WARPS = 4096, 8
+ROW_BLOCK, ROW_WARPS = 4096, 16
 
 
-def split_pass(B: int, V: int) -> bool:
-    """Whether pass 1 runs in chunks of :data:`CHUNK` (:func:`sample_launch`)."""
-    return False
-
-
-def sample_launch(logits, seeds, out, inv_t: float, top_p: float, block: int = 2048, num_warps: int = 8,
-                  split: bool | None = None):
-    """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64. ``split``
-    (default :func:`split_pass`): pass 1 in chunks of :data:`CHUNK` (one program each), then one program per row."""
+def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
+    """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64: pass 1 in
+    chunks, with top-p the first candidate's pass in chunks, then one program per row."""
     B, V = logits.shape
-    split = split_pass(B, V) if split is None else split
-    block = min(block, triton.next_power_of_2(V))
-    cut = top_p < 1.0
-    if not split:
-        _sample_kernel[(B,)](logits, logits.stride(0), seeds, out, V, inv_t, top_p, CUT=cut, BLOCK=block,
-                             U_BITS=U_BITS, G_MAX=G_MAX, num_warps=num_warps)
-        return out
     S = triton.cdiv(V, CHUNK)
-    part_f = torch.empty(B, 3, S, dtype=torch.float32, device=logits.device)
-    part_i = torch.empty(B, S, dtype=torch.int32, device=logits.device)
+    cut = top_p < 1.0
+    dev = logits.device
+    part_f = torch.empty(B, 3, S, dtype=torch.float32, device=dev)
+    part_i = torch.empty(B, S, dtype=torch.int32, device=dev)
+    chk_f = torch.empty(B, 2, S, dtype=torch.float32, device=dev) if cut else part_f
+    chk_i = torch.empty(B, S, dtype=torch.int32, device=dev) if cut else part_i
+    cb = min(CHUNK_BLOCK, triton.next_power_of_2(V))
+    common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
     _partials_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut,
-                             BLOCK=min(block, CHUNK), U_BITS=U_BITS, G_MAX=G_MAX, num_warps=num_warps)
-    _finish_kernel[(B,)](logits, logits.stride(0), seeds, part_f, part_i, out, V, inv_t, top_p, S,
-                         S_P2=triton.next_power_of_2(S), CUT=cut, BLOCK=block, U_BITS=U_BITS, G_MAX=G_MAX,
-                         num_warps=num_warps)
+                             BLOCK=cb, num_warps=CHUNK_WARPS, **common)
+    if cut:
+        _check_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                              S_P2=triton.next_power_of_2(S), CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
+    _finish_kernel[(B,)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, out, V, inv_t, top_p, S,
+                         S_P2=triton.next_power_of_2(S), CUT=cut, BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)),
+                         num_warps=ROW_WARPS, **common)
     return out
