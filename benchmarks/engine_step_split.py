@@ -122,7 +122,9 @@ def measure(wl, dev, label: str, waiting: bool = False) -> dict:
 
 
 def sampler_cost(dev, vocab: int) -> None:
-    """The token choice alone, CUDA-graph medians (µs) over ``[B, vocab]`` fp32 logits (``randn * 3``, T 0.8): the
+    """The token choice alone, CUDA-graph medians (µs) over ``[B, vocab]`` fp32 logits (``randn * 3``, seeded by B:
+    whether a row's first candidate is rejected, which costs the top-p kernel its later passes, depends on them;
+    T 0.8): the
     greedy argmax (torch) against :func:`~dsa.sampling.sample_tokens` sampled, the Triton kernel and the PyTorch
     reference, with and without the top-p nucleus (0.95); whether the two picked the same tokens; the kernel's
     logits read once per row over the time (GB/s, % of 4.3 TB/s: its floor is one pass over the logits); and the
@@ -138,7 +140,7 @@ def sampler_cost(dev, vocab: int) -> None:
           "kernel top-p 1: GB/s (% of 4.3 TB/s) | ref nucleus: 1-D sort | [B, V] sort |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for B in (1, 8, 16, 64):
-        lg = torch.randn(B, vocab, device=dev) * 3
+        lg = torch.randn(B, vocab, device=dev, generator=torch.Generator(dev).manual_seed(B)) * 3
         z = scaled_logits(lg, 0.8)
         seeds = torch.tensor([row_seed(0, i, 5) for i in range(B)], device=dev)
         same = all(torch.equal(sample_tokens(lg, seeds, 0.8, tp, backend="triton"),

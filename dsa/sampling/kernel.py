@@ -250,7 +250,7 @@ def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, o
 #: pass 1's and the first candidate's chunk of the vocabulary, one program each (a fixed number, so that a row's
 #: sums, and so its token, never depend on the batch around it), and the blocks and warps of the kernels (H100
 #: sweep, BENCHMARKS.md sixty-first session)
-CHUNK = 8192
+CHUNK = 4096
 CHUNK_BLOCK, CHUNK_WARPS = 4096, 8
 ROW_BLOCK, ROW_WARPS = 4096, 16
 
