@@ -14,12 +14,10 @@ each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens at to
   ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the logarithms.
 * The first candidate (``_check_kernel``, top-p only, one program per chunk): the chunks' partials combined in a
   fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
-  smaller index) and its argmax of ``z + g`` ahead of it; and the list of the chunk's tokens ahead of it.
+  smaller index) and its argmax of ``z + g`` ahead of it.
 * ``_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the chunks'
-  masses ahead, summed in order) or nothing is ahead; else walk the later candidates (``_walk``: a pass for each
-  one's mass ahead, and one for the argmax ahead of it only if it is rejected too). Every later candidate's tokens
-  ahead are among the first's, so these passes read only the listed tokens: as many as the first candidate's rank,
-  not the vocabulary.
+  masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the whole row
+  (``_walk``: a pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
 
 The chunks are a fixed size, so a row's sums, and so its token, never depend on the batch around it. The tokens are
 the reference's except where the candidate's mass ahead lies within the rounding of the two sums (the kernels'
@@ -121,45 +119,50 @@ def _ahead(z, offs, cz, cand):
 
 
 @triton.jit
-def _listed(xr, lst_row, cnt_v, ends, p, total, inv_t, CHUNK: tl.constexpr):
-    """Tokens ``p`` of the row's list (those ahead of the first candidate, chunk after chunk; ``cnt_v`` the chunks'
-    counts, ``ends`` their running sums): (listed, their indices, their ``z``)."""
-    ok = p < total
-    before = ends[None, :] <= p[:, None]  # the chunks wholly before each position
-    c = tl.sum(before.to(tl.int32), 1)
-    local = p - tl.sum(tl.where(before, cnt_v[None, :], 0), 1)
-    idx = tl.load(lst_row + c.to(tl.int64) * CHUNK + local, mask=ok, other=0)
-    return ok, idx, tl.load(xr + idx, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+def _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK: tl.constexpr):
+    """``sum(exp(z - m))`` over the tokens of ``[lo, hi)`` ahead of the candidate (per lane, then one sum)."""
+    ar = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + ar
+        msk = offs < hi
+        z = tl.load(xr + offs, mask=msk, other=float("-inf")).to(tl.float32) * inv_t
+        acc += tl.where(msk & _ahead(z, offs, cz, cand), tl.exp(z - m), 0.0)
+    return tl.sum(acc, 0)
 
 
 @triton.jit
-def _walk(xr, lst_row, cnt_v, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, CHUNK: tl.constexpr,
-          WALK_BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """The candidates after the first (one program), over the tokens ahead of the first only (``lst_row``, chunk by
-    chunk, ``cnt_v`` tokens each; every later candidate's tokens ahead are among them). ``a`` is the mass ahead of
-    ``cand`` (over ``s``, the softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While
-    the candidate is rejected (``a / s >= top_p``) and a token is ahead, move to that token: a pass for its mass
-    ahead, and one for the argmax ahead of it only when it is rejected too."""
-    NEG: tl.constexpr = float("-inf")
-    ar = tl.arange(0, WALK_BLOCK)
-    ends = tl.cumsum(cnt_v, 0)
-    total = tl.sum(cnt_v, 0)
-    go = (m > NEG) & (a / s >= top_p) & (nb > NEG)
+def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                  G_MAX: tl.constexpr):
+    """The argmax of ``z + g`` over the tokens of ``[lo, hi)`` ahead of the candidate: (value, index), -inf if none."""
+    ar = tl.arange(0, BLOCK)
+    nb = tl.full([], float("-inf"), tl.float32)
+    ni = cand
+    for start in range(lo, hi, BLOCK):
+        offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
+        if bmax >= cz:
+            nb, ni = _fold_noisy_argmax(z, msk & _ahead(z, offs, cz, cand), offs, bmax, nb, ni, s_hi, s_lo, V,
+                                        U_BITS, G_MAX)
+    return nb, ni
+
+
+@triton.jit
+def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+          G_MAX: tl.constexpr):
+    """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
+    softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
+    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for its mass ahead, and one for the
+    argmax ahead of it only when it is rejected too."""
+    go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
     while go:
         cand = ni
         cz = tl.load(xr + cand).to(tl.float32) * inv_t
-        acc = tl.zeros([WALK_BLOCK], tl.float32)
-        for p0 in range(0, total, WALK_BLOCK):
-            ok, idx, z = _listed(xr, lst_row, cnt_v, ends, p0 + ar, total, inv_t, CHUNK)
-            acc += tl.where(ok & _ahead(z, idx, cz, cand), tl.exp(z - m), 0.0)
-        go = tl.sum(acc, 0) / s >= top_p
-        nb = tl.full([], NEG, tl.float32)
+        a = _mass_ahead(xr, 0, V, inv_t, m, cz, cand, BLOCK)
+        go = a / s >= top_p
+        nb = tl.full([], float("-inf"), tl.float32)
         if go:
-            for p0 in range(0, total, WALK_BLOCK):
-                ok, idx, z = _listed(xr, lst_row, cnt_v, ends, p0 + ar, total, inv_t, CHUNK)
-                nb, ni = _fold_noisy_argmax(z, ok & _ahead(z, idx, cz, cand), idx, tl.max(z, 0), nb, ni, s_hi, s_lo,
-                                            V, U_BITS, G_MAX)
-        go = go & (nb > NEG)
+            nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+        go = go & (nb > float("-inf"))
     return cand
 
 
@@ -203,38 +206,32 @@ def _partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
 
 
 @triton.jit
-def _check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, lst, cnt, V, inv_t, S,
-                  S_P2: tl.constexpr, CHUNK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+def _check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                  S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                  G_MAX: tl.constexpr):
     """The first candidate's pass (top-p), program (row, c) over its chunk: the mass ahead of the candidate and the
-    argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``; the indices
-    of the tokens ahead of it, in order, into ``lst [B, S, CHUNK]`` and their count into ``cnt [B, S]``."""
+    argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
     m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
     cz = tl.load(xr + cand).to(tl.float32) * inv_t
     lo = c * CHUNK
-    offs, msk, z, bmax = _block(xr, lo, tl.arange(0, CHUNK), tl.minimum(lo + CHUNK, V), inv_t)
-    ahead = msk & _ahead(z, offs, cz, cand)
-    nb, ni = _fold_noisy_argmax(z, ahead, offs, bmax, tl.full([], float("-inf"), tl.float32), cand, s_hi, s_lo, V,
-                                U_BITS, G_MAX)
+    hi = tl.minimum(lo + CHUNK, V)
+    a = _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK)
+    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     cf = chk_f + row.to(tl.int64) * 2 * S + c
-    tl.store(cf, tl.sum(tl.where(ahead, tl.exp(z - m), 0.0), 0))
+    tl.store(cf, a)
     tl.store(cf + S, nb)
     tl.store(chk_i + row.to(tl.int64) * S + c, ni)
-    n = ahead.to(tl.int32)
-    rc = row.to(tl.int64) * S + c
-    tl.store(lst + rc * CHUNK + tl.cumsum(n, 0) - 1, offs, mask=ahead)
-    tl.store(cnt + rc, tl.sum(n, 0))
 
 
 @triton.jit
-def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, lst, cnt, out_ptr, V, inv_t, top_p, S,
-                   S_P2: tl.constexpr, CUT: tl.constexpr, CHUNK: tl.constexpr, WALK_BLOCK: tl.constexpr,
-                   U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, out_ptr, V, inv_t, top_p, S,
+                   S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                   G_MAX: tl.constexpr):
     """One program per row: the pass-1 partials combined; with top-p, the first candidate's chunk results combined
-    (the mass ahead summed in chunk order, the first argmax ahead), then the later candidates over the listed
-    tokens."""
+    (the mass ahead summed in chunk order, the first argmax ahead), then the later candidates' passes."""
     row = tl.program_id(0)
     m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, CUT)
     if CUT:
@@ -246,46 +243,37 @@ def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, l
         nbs = tl.load(cf + S, mask=ok, other=float("-inf"))
         nb = tl.max(nbs, 0)
         ni = tl.min(tl.where(nbs == nb, tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V), V), 0)
-        rs = row.to(tl.int64) * S
-        cnt_v = tl.load(cnt + rs + k, mask=ok, other=0)
-        cand = _walk(xr, lst + rs * CHUNK, cnt_v, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, CHUNK,
-                     WALK_BLOCK, U_BITS, G_MAX)
+        cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     tl.store(out_ptr + row, cand.to(tl.int64))
 
 
-#: the chunk of the vocabulary that pass 1 and the first candidate's pass give one program each (one block of that
-#: many lanes; fewer for a smaller vocabulary). Fixed, so that a row's sums, and so its token, never depend on the
-#: batch around it. Chunk, warps: H100 sweep (BENCHMARKS.md, sixty-first session).
+#: pass 1's and the first candidate's chunk of the vocabulary, one program each (a fixed number, so that a row's
+#: sums, and so its token, never depend on the batch around it), and the blocks and warps of the kernels (H100
+#: sweep, BENCHMARKS.md sixty-first session)
 CHUNK = 4096
-CHUNK_WARPS = 8
-#: the later candidates' passes over the listed tokens: lanes per step, warps
-WALK_BLOCK, WALK_WARPS = 1024, 8
+CHUNK_BLOCK, CHUNK_WARPS = 4096, 8
+ROW_BLOCK, ROW_WARPS = 4096, 16
 
 
 def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64: pass 1 in
-    chunks; with top-p, the first candidate's pass in chunks (listing the tokens ahead of it); then one program per
-    row."""
+    chunks, with top-p the first candidate's pass in chunks, then one program per row."""
     B, V = logits.shape
-    ch = min(CHUNK, triton.next_power_of_2(V))
-    S = triton.cdiv(V, ch)
+    S = triton.cdiv(V, CHUNK)
     cut = top_p < 1.0
     dev = logits.device
     part_f = torch.empty(B, 3, S, dtype=torch.float32, device=dev)
     part_i = torch.empty(B, S, dtype=torch.int32, device=dev)
+    chk_f = torch.empty(B, 2, S, dtype=torch.float32, device=dev) if cut else part_f
+    chk_i = torch.empty(B, S, dtype=torch.int32, device=dev) if cut else part_i
+    cb = min(CHUNK_BLOCK, triton.next_power_of_2(V))
+    common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
+    _partials_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut,
+                             BLOCK=cb, num_warps=CHUNK_WARPS, **common)
     if cut:
-        chk_f = torch.empty(B, 2, S, dtype=torch.float32, device=dev)
-        chk_i = torch.empty(B, S, dtype=torch.int32, device=dev)
-        lst = torch.empty(B, S, ch, dtype=torch.int32, device=dev)
-        cnt = torch.empty(B, S, dtype=torch.int32, device=dev)
-    else:
-        chk_f, chk_i, lst, cnt = part_f, part_i, part_i, part_i  # (not read)
-    common = dict(S_P2=triton.next_power_of_2(S), CHUNK=ch, U_BITS=U_BITS, G_MAX=G_MAX)
-    _partials_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, V, inv_t, S, CUT=cut, BLOCK=ch,
-                             num_warps=CHUNK_WARPS, CHUNK=ch, U_BITS=U_BITS, G_MAX=G_MAX)
-    if cut:
-        _check_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, lst, cnt, V, inv_t, S,
-                              num_warps=CHUNK_WARPS, **common)
-    _finish_kernel[(B,)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, lst, cnt, out, V, inv_t, top_p,
-                         S, CUT=cut, WALK_BLOCK=WALK_BLOCK, num_warps=WALK_WARPS, **common)
+        _check_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                              S_P2=triton.next_power_of_2(S), CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
+    _finish_kernel[(B,)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, out, V, inv_t, top_p, S,
+                         S_P2=triton.next_power_of_2(S), CUT=cut, BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)),
+                         num_warps=ROW_WARPS, **common)
     return out
