@@ -203,15 +203,16 @@ def test_kernel_picks_the_reference_tokens(B, V, dtype):
         assert torch.isfinite(z.float().gather(1, got[:, None])).all()
 
 
-def test_kernel_walks_past_candidates_outside_the_nucleus():
+@pytest.mark.parametrize("B,V,seed,run", [(48, 400, 9, 5), (4, 20000, 10, 6)])
+def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
     """Flat rows (many tokens of near-equal mass): the argmax of z + g over the whole row is almost never in a small
-    nucleus, so the kernel moves through several candidates before it accepts one (counted for these rows: up to 11,
-    6.1 on average at top_p 1e-6; 38 of 48 rows pass more than one at 0.3). With top_p below every mass the
-    answer is the most likely token; with 0.05 / 0.3 it is the reference's."""
-    g = torch.Generator().manual_seed(9)
-    B, V = 48, 400
+    nucleus, so the kernel moves through several candidates before it accepts one (counted for these rows: up to 11
+    candidates of 400 tokens and 13 of 20,000 at top_p 1e-6; at 20,000, five chunks, the first candidate has 2,197-
+    16,604 tokens ahead of it). With top_p below every mass the answer is the most likely token; with 0.05 / 0.3 it
+    is the reference's."""
+    g = torch.Generator().manual_seed(seed)
     z = (torch.randn(B, V, generator=g) * 0.3).to(DEVICE)
-    seeds = _seeds(B, run=5, device=DEVICE)
+    seeds = _seeds(B, run=run, device=DEVICE)
     tiny = sample_tokens(z, seeds, 1.0, 1e-6, backend="triton")
     assert torch.equal(tiny, torch.argmax(z, -1))
     assert not torch.equal(sample_tokens(z, seeds, 1.0, 1.0, backend="triton"), tiny)  # (the first candidates)
