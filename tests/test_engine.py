@@ -156,6 +156,29 @@ def test_sampling_moves_the_tokens(models, oracle, sampled_oracle):
         _engine(models["fp8"], top_p=0.0)
 
 
+def test_the_sampler_takes_the_models_backend(models, sampled_oracle, monkeypatch):
+    """generate, the engine's eager steps and its graph steps pick tokens with the model's backend: with the
+    reference model here, the sampling kernel never runs (and the tokens are the reference sampler's)."""
+    import dsa.sampling as sampling
+
+    calls = []
+    launch = sampling.sample_launch
+    monkeypatch.setattr(sampling, "sample_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    z = torch.randn(2, VOCAB)
+    sampling.sample_tokens(z, torch.tensor([1, 2]), 1.0, 0.9, backend="triton")
+    assert calls == [1]  # (the patch sees the kernel's launches)
+    m = models["fp8"]
+    assert m.backend == REF
+    assert generate(m, PROMPTS, 8, ignore_eos=True, block_size=16, **SAMPLED) == sampled_oracle["fp8"]
+    for graph in ("off", "static"):
+        eng = _engine(m, block_size=16, num_blocks=400, max_num_batched_tokens=64, max_num_seqs=5, cuda_graph=graph,
+                      **SAMPLED)
+        reqs = [eng.add_request(p, 8) for p in PROMPTS]
+        eng.run()
+        assert [r.output for r in reqs] == sampled_oracle["fp8"], graph
+    assert calls == [1]
+
+
 def test_requests_added_mid_run_and_waiting_for_blocks(models, oracle):
     """A cache too small for all requests at once: requests wait (first come, first served) for
     blocks that finishing ones give back; new requests are added while the engine runs."""

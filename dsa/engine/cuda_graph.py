@@ -282,7 +282,8 @@ class DecodeGraphRunner:
             hidden = self.model(ids, md, self.cache)
         logits = self.model.logits(hidden[md.last_token_index])
         if src is not None:
-            self.last_tok[:logits.shape[0]].copy_(sample_tokens(logits, seeds, self.temperature, self.top_p))
+            self.last_tok[:logits.shape[0]].copy_(sample_tokens(logits, seeds, self.temperature, self.top_p,
+                                                                 backend=self.model.backend))
         return logits
 
     def _get(self, bucket: int):

@@ -336,7 +336,8 @@ class Engine:
         seeds = None
         if self.temperature > 0:
             seeds = torch.tensor([self._seed(r) for _, r in rows], dtype=torch.int64, device=logits.device)
-        return sample_tokens(logits[[j for j, _ in rows]], seeds, self.temperature, self.cfg.top_p).tolist()
+        return sample_tokens(logits[[j for j, _ in rows]], seeds, self.temperature, self.cfg.top_p,
+                             backend=self.model.backend).tolist()
 
     # ------------------------------------------------------------------ --check
     def _want_check(self, pure_decode: bool, num_tokens: int) -> bool:

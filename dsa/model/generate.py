@@ -101,7 +101,7 @@ def generate(model, prompts: list, max_new_tokens: int, *, greedy: bool = True, 
         last, _ = _run_step(model, cache, active, block_size, max_logits_bytes)
         seeds = None if temp <= 0 else torch.tensor([row_seed(seed, index[id(r)], len(r.out)) for r in active],
                                                     dtype=torch.int64, device=last[0].device)
-        picked = sample_tokens(torch.stack(last), seeds, temp, top_p).tolist()
+        picked = sample_tokens(torch.stack(last), seeds, temp, top_p, backend=model.backend).tolist()
         for r, lg, tok in zip(active, last, picked):
             r.tokens.append(tok)
             r.out.append(tok)
