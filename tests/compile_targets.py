@@ -189,9 +189,16 @@ def main(arg: str) -> int:
                     dsa.sparse_mla(torch.randn(t, h, 576).to(bf), kv, torch.randint(0, s, (t, 2048), dtype=i32), 0.1,
                                    backend=T)
 
+    def sampling():
+        from dsa.sampling import sample_tokens
+
+        for dt in (torch.float32, bf):
+            for top_p in (1.0, 0.9):
+                sample_tokens(torch.randn(2, 129280).to(dt), torch.tensor([1, 2]), 0.8, top_p, backend=T)
+
     ops = dict(indexer_cache=indexer_cache, indexer_prep=indexer_prep, mqa_logits=mqa_logits,
                paged_mqa_logits=paged_mqa_logits, top_k=top_k, metadata=metadata, mla_cache=mla_cache,
-               sparse_mla=sparse_mla)
+               sparse_mla=sparse_mla, sampling=sampling)
     failed = {}
     for name, fn in ops.items():
         try:

@@ -40,7 +40,8 @@ def test_portable_kernels_compile_and_fit(target):
     # every op family reached its kernels (nothing silently fell back to a reference)
     for name in ("_indexer_k_quant_kernel", "_prep_q_kernel", "_mqa_logits_kernel", "_paged_mqa_logits_kernel",
                  "_topk_fused_kernel", "_mla_cache_write_kernel", "_fp8_ds_mla_read_kernel", "_sparse_mla_fwd_kernel",
-                 "_sparse_mla_combine_kernel"):
+                 "_sparse_mla_combine_kernel", "_sample_partials_kernel", "_sample_check_kernel",
+                 "_sample_finish_kernel"):
         assert name in kernels, (name, sorted(kernels))
     assert max(kernels.values()) <= summary["shared_limit"]
     assert summary["fp8_native"] == (target not in ("80", "86"))

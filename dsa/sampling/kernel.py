@@ -9,14 +9,15 @@ over the tokens ahead of it. A candidate falls outside the nucleus with probabil
 outside it); each next one is a draw among the tokens ahead, so on a flat row the candidates' ranks about halve at
 each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens at top_p 1e-6).
 
-* Pass 1 (``_partials_kernel``, one program per chunk of :data:`CHUNK` tokens of a row): the chunk's ``max(z)``,
-  ``sum(exp(z - max))`` (online, rescaled per block; top-p only) and argmax of ``z + g``. Blocks whose largest
-  ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the logarithms.
-* The first candidate (``_check_kernel``, top-p only, one program per chunk): the chunks' partials combined in a
-  fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
+* Pass 1 (``_sample_partials_kernel``, one program per chunk of :data:`CHUNK` tokens of a row): the chunk's
+  ``max(z)``, ``sum(exp(z - max))`` (online, rescaled per block; top-p only) and argmax of ``z + g``. Blocks whose
+  largest ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the
+  logarithms.
+* The first candidate (``_sample_check_kernel``, top-p only, one program per chunk): the chunks' partials combined
+  in a fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
   smaller index) and its argmax of ``z + g`` ahead of it.
-* ``_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the chunks'
-  masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the whole row
+* ``_sample_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the
+  chunks' masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the whole row
   (``_walk``: a pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
 
 The chunks are a fixed size, so a row's sums, and so its token, never depend on the batch around it. The tokens are
@@ -188,9 +189,9 @@ def _combine(part_f, part_i, row, S, V, S_P2: tl.constexpr, CUT: tl.constexpr):
 
 
 @triton.jit
-def _partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
-                     CHUNK: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                     G_MAX: tl.constexpr):
+def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
+                            CHUNK: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                            G_MAX: tl.constexpr):
     """Pass 1, program (row, c) over ``[c * CHUNK, (c + 1) * CHUNK)``: ``part_f [B, 3, S]`` (max, sum, best value)
     and ``part_i [B, S]`` (best index)."""
     row = tl.program_id(0)
@@ -206,9 +207,9 @@ def _partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
 
 
 @triton.jit
-def _check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
-                  S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                  G_MAX: tl.constexpr):
+def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                         S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                         G_MAX: tl.constexpr):
     """The first candidate's pass (top-p), program (row, c) over its chunk: the mass ahead of the candidate and the
     argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``."""
     row = tl.program_id(0)
@@ -227,9 +228,9 @@ def _check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V,
 
 
 @triton.jit
-def _finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, out_ptr, V, inv_t, top_p, S,
-                   S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                   G_MAX: tl.constexpr):
+def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, out_ptr, V, inv_t, top_p,
+                          S, S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                          G_MAX: tl.constexpr):
     """One program per row: the pass-1 partials combined; with top-p, the first candidate's chunk results combined
     (the mass ahead summed in chunk order, the first argmax ahead), then the later candidates' passes."""
     row = tl.program_id(0)
@@ -268,12 +269,13 @@ def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     chk_i = torch.empty(B, S, dtype=torch.int32, device=dev) if cut else part_i
     cb = min(CHUNK_BLOCK, triton.next_power_of_2(V))
     common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
-    _partials_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut,
-                             BLOCK=cb, num_warps=CHUNK_WARPS, **common)
+    x = (logits, logits.stride(0), seeds)
+    _sample_partials_kernel[(B, S)](*x, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut, BLOCK=cb,
+                                    num_warps=CHUNK_WARPS, **common)
     if cut:
-        _check_kernel[(B, S)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, V, inv_t, S,
-                              S_P2=triton.next_power_of_2(S), CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
-    _finish_kernel[(B,)](logits, logits.stride(0), seeds, part_f, part_i, chk_f, chk_i, out, V, inv_t, top_p, S,
-                         S_P2=triton.next_power_of_2(S), CUT=cut, BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)),
-                         num_warps=ROW_WARPS, **common)
+        _sample_check_kernel[(B, S)](*x, part_f, part_i, chk_f, chk_i, V, inv_t, S, S_P2=triton.next_power_of_2(S),
+                                     CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
+    _sample_finish_kernel[(B,)](*x, part_f, part_i, chk_f, chk_i, out, V, inv_t, top_p, S,
+                                S_P2=triton.next_power_of_2(S), CUT=cut,
+                                BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)), num_warps=ROW_WARPS, **common)
     return out
