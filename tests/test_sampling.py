@@ -140,6 +140,10 @@ def test_bad_arguments_are_refused():
         sample_tokens(z, _seeds(3).int(), 1.0)
     with pytest.raises(TypeError, match="logits: expected dtype"):
         sample_tokens(z.double(), _seeds(3), 1.0)
+    with pytest.raises(TypeError, match="out: expected dtype int64"):
+        sample_tokens(z, _seeds(3), 1.0, out=torch.empty(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        sample_tokens(z, None, 0.0, out=torch.empty(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="logits: expected the last dim to be contiguous"):
         sample_tokens(z.t(), _seeds(10), 1.0)
 
@@ -220,6 +224,18 @@ def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
         got = sample_tokens(z, seeds, 1.0, top_p, backend="triton")
         assert torch.equal(got, sample_tokens_ref(z, seeds, 1.0, top_p)), top_p
         assert nucleus_ref(scaled_logits(z, 1.0), top_p).gather(1, got[:, None]).all()
+
+
+def test_out_is_written_whole():
+    """``out=`` (poisoned first) is every row's token, the same as without it, and is what is returned: greedy,
+    sampled and top-p, on the kernel and the reference."""
+    z = torch.randn(5, 9000, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    seeds = _seeds(5, run=2, device=DEVICE)
+    for backend in ("triton", "reference"):
+        for T, top_p in ((0.0, 1.0), (0.9, 1.0), (0.9, 0.8)):
+            out = torch.full((5,), -7, dtype=torch.int64, device=DEVICE)
+            got = sample_tokens(z, seeds, T, top_p, out=out, backend=backend)
+            assert got is out and torch.equal(out, sample_tokens(z, seeds, T, top_p, backend=backend)), (backend, T)
 
 
 def test_kernel_hash_is_the_reference_hash():

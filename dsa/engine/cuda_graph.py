@@ -282,8 +282,8 @@ class DecodeGraphRunner:
             hidden = self.model(ids, md, self.cache)
         logits = self.model.logits(hidden[md.last_token_index])
         if src is not None:
-            self.last_tok[:logits.shape[0]].copy_(sample_tokens(logits, seeds, self.temperature, self.top_p,
-                                                                 backend=self.model.backend))
+            sample_tokens(logits, seeds, self.temperature, self.top_p, out=self.last_tok[:logits.shape[0]],
+                          backend=self.model.backend)
         return logits
 
     def _get(self, bucket: int):

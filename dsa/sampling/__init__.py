@@ -20,7 +20,7 @@ __all__ = ["sample_tokens", "row_seed", "sample_tokens_ref", "nucleus", "nucleus
 
 
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor | None, temperature: float, top_p: float = 1.0, *,
-                  backend: str | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """The next token of each row.
 
     Args:
@@ -29,18 +29,22 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor | None, temperature:
             greedy.
         temperature: ``<= 0``: greedy (``argmax``, the first index among equal maxima); else the draw's temperature.
         top_p: in (0, 1]: the nucleus' mass (1: the whole vocabulary).
+        out: optional int64 ``[B]`` (contiguous) on the logits' device, written and returned.
         backend: ``None | "auto" | "triton" | "reference"`` (:mod:`dsa.backend`).
 
     Returns:
-        int64 ``[B]`` on the logits' device. No host synchronisation (capturable in a CUDA graph). The kernel and the
+        int64 ``[B]`` on the logits' device (``out`` when given). No host synchronisation (capturable in a CUDA graph). The kernel and the
         reference give the same tokens but for rounding ties (:mod:`dsa.sampling.kernel`).
     """
     _checks.check_tensor("logits", logits, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2)
+    B, V = logits.shape
+    if out is not None:
+        _checks.check_tensor("out", out, dtype=torch.int64, shape=(B,), contiguous=True)
+        _checks.check_same_device(logits=logits, out=out)
     if temperature <= 0:
-        return torch.argmax(logits, dim=-1)
+        return torch.argmax(logits, dim=-1) if out is None else torch.argmax(logits, dim=-1, out=out)
     if isinstance(top_p, bool) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p: expected a value in (0, 1], got {top_p!r}")
-    B, V = logits.shape
     if seeds is None:
         raise ValueError(f"seeds: expected an int64 tensor [{B}] (one seed per row) when sampling, got None")
     _checks.check_tensor("seeds", seeds, dtype=torch.int64, shape=(B,))
@@ -48,8 +52,10 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor | None, temperature:
     if V == 0 or V >= 2**31:
         raise ValueError(f"logits: expected 1 to 2**31 - 1 vocabulary columns, got {V}")
     if resolve(backend, logits.device) == "reference":
-        return sample_tokens_ref(logits, seeds, temperature, top_p)
-    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+        tok = sample_tokens_ref(logits, seeds, temperature, top_p)
+        return tok if out is None else out.copy_(tok)
+    if out is None:
+        out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B == 0:
         return out
     return sample_launch(logits, seeds, out, inv_temperature(temperature), float(top_p))

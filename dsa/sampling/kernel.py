@@ -252,7 +252,7 @@ def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, c
 #: sums, and so its token, never depend on the batch around it), and the blocks and warps of the kernels (H100
 #: sweep, BENCHMARKS.md sixty-first session)
 CHUNK = 4096
-CHUNK_BLOCK, CHUNK_WARPS = 4096, 8
+CHUNK_WARPS = 8
 ROW_BLOCK, ROW_WARPS = 4096, 16
 
 
@@ -263,11 +263,11 @@ def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     S = triton.cdiv(V, CHUNK)
     cut = top_p < 1.0
     dev = logits.device
-    part_f = torch.empty(B, 3, S, dtype=torch.float32, device=dev)
-    part_i = torch.empty(B, S, dtype=torch.int32, device=dev)
-    chk_f = torch.empty(B, 2, S, dtype=torch.float32, device=dev) if cut else part_f
-    chk_i = torch.empty(B, S, dtype=torch.int32, device=dev) if cut else part_i
-    cb = min(CHUNK_BLOCK, triton.next_power_of_2(V))
+    # one workspace (32-bit words): pass 1's [B, 3, S] floats and [B, S] indices, the check's [B, 2, S] and [B, S]
+    ws = torch.empty(B * S * (7 if cut else 4), dtype=torch.int32, device=dev)
+    part_f, part_i = ws[:3 * B * S].view(torch.float32), ws[3 * B * S:4 * B * S]
+    chk_f, chk_i = (ws[4 * B * S:6 * B * S].view(torch.float32), ws[6 * B * S:]) if cut else (part_f, part_i)
+    cb = min(CHUNK, triton.next_power_of_2(V))
     common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
     x = (logits, logits.stride(0), seeds)
     _sample_partials_kernel[(B, S)](*x, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut, BLOCK=cb,

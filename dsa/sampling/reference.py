@@ -16,6 +16,7 @@ CUDA graph, or ahead of the host. Everything here is plain torch ops (capturable
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -77,7 +78,7 @@ def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def inv_temperature(temperature: float) -> float:
     """``1 / temperature`` rounded to fp32 (the factor both the reference and the kernel scale the logits by)."""
-    return float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    return float(np.float32(1.0 / temperature))
 
 
 def sample_tokens_ref(logits: torch.Tensor, seeds: torch.Tensor | None, temperature: float, top_p: float = 1.0
