@@ -226,6 +226,29 @@ def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
         assert nucleus_ref(scaled_logits(z, 1.0), top_p).gather(1, got[:, None]).all()
 
 
+@pytest.mark.parametrize("B,V,seed", [(16, 20000, 11), (6, 129280, 12)])
+def test_kernel_walks_reading_only_the_chunks_ahead(B, V, seed):
+    """Most tokens flat and low, a few hundred high ones in two chunks of the vocabulary (with ties across chunks):
+    the first candidate often lies in the low mass and is rejected, and the later passes read only the chunks whose
+    largest z reaches the candidate's. The kernel's tokens are the reference's at every top_p, and the most likely
+    token (the first of its ties) at a top_p below every mass."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, V, generator=g) * 0.3
+    hot = torch.cat([torch.randint(4096, 8192, (60,), generator=g), torch.randint(12288, 16384, (240,), generator=g)])
+    z[:, hot] += 4.0
+    z[:, 100] = z[:, hot[7]]  # the same z as a high token, at a smaller index, in a chunk of low tokens
+    z[:, V - 1] = z[:, hot].max(1).values  # and a tie with the top token in the last chunk
+    z = z.to(DEVICE)
+    seeds = _seeds(B, run=seed, device=DEVICE)
+    assert torch.equal(sample_tokens(z, seeds, 1.0, 1e-6, backend="triton"), torch.argmax(z, -1))
+    first = sample_tokens(z, seeds, 1.0, 1.0, backend="triton")
+    for top_p in (0.02, 0.2, 0.6, 0.9):
+        got = sample_tokens(z, seeds, 1.0, top_p, backend="triton")
+        assert torch.equal(got, sample_tokens_ref(z, seeds, 1.0, top_p)), top_p
+        if top_p == 0.2:  # (rows whose first candidate was rejected: these walked)
+            assert (got != first).sum() >= B // 3, (got.tolist(), first.tolist())
+
+
 def test_out_is_written_whole():
     """``out=`` (poisoned first) is every row's token, the same as without it, and is what is returned: greedy,
     sampled and top-p, on the kernel and the reference."""
