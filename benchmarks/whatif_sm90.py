@@ -20,9 +20,6 @@ one kind of work removed (WRONG values), imported under another name and swapped
   the stores): the fill without three quarters of its shared-memory stores.
 * ``cg``: not a what-if but a candidate: the fp8 producers' row loads cached in L2 only (``.cg``; right values).
 * ``tpr8``: a candidate: 8 producer threads per row on alternate tiles too (one 128-byte request per row and group).
-* ``cols2``: not a what-if but a candidate: the 16/32-head groups with two math warpgroups splitting the output
-  columns (``kernel_sm90.COLS2`` on for both formats; right values). Alone only (the others' changes would leave
-  its second warpgroup waiting).
 * ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
   only q's shared memory, so several may share an SM).
 
@@ -98,10 +95,6 @@ def variant(name: str):
     parts = set(name.split("+"))
     if "none" in parts:
         parts |= {"nomath", "nocopy"}
-    if "cols2" in parts:
-        assert parts == {"cols2"}, "cols2 combines with no other variant"
-        assert src.count("COLS2 = {False: (), True: ()}") == 1
-        src = src.replace("COLS2 = {False: (), True: ()}", "COLS2 = {False: (16, 32), True: (16, 32)}")
     if parts & {"loadonly", "fewstores"}:
         assert src.count(FP8_STORES) == 1 and src.count(FP8_LATER_STORES) == 1
         i8 = [f"r{g}.to(gl.int8, bitcast=True)" for g in range(4)]
@@ -134,8 +127,8 @@ def variant(name: str):
     if "nowait" in parts:
         src = _drop(src, "def _math_rows(", MATH_WAIT)
         src = _drop(src, "def _producer(", FILL_WAIT)
-    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "cols2", "loadonly", "fewstores",
-                       "cg", "tpr8"}
+    unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "loadonly", "fewstores", "cg",
+                       "tpr8"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 
@@ -151,8 +144,7 @@ def compile_sm90(mod, fp8: bool, bh: int):
     prod = mod.producer_config(fp8, bh, False)
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=False, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
-                  CLUSTER=0, ALT=mod.alternate_tiles(prod, bh, 2048), LAZY=bh in mod.LAZY_MAX, PERSIST=False,
-                  COLS2=prod["cols2"], COLS2_REGS=mod.COLS2_REGS[fp8], SKIP=-1)
+                  CLUSTER=0, ALT=mod.alternate_tiles(prod, bh, 2048), LAZY=bh in mod.LAZY_MAX, PERSIST=False, SKIP=-1)
     ptrs = dict(q_ptr="*bf16", nope_ptr="*fp8e4nv" if fp8 else "*bf16", scale_ptr="*fp32", rope_ptr="*bf16",
                 idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", ml_ptr="*fp32", lse_ptr="*fp32",
                 fout_ptr="*bf16", fml_ptr="*fp32", flse_ptr="*fp32", skip_ptr="*i32")

@@ -163,7 +163,7 @@ import re
 
 import whatif_sm90 as W
 
-for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "cols2", "nomath+loadonly",
+for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "nomath+loadonly",
           "nomath+fewstores", "cg", "tpr8"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
@@ -198,11 +198,6 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert c["nosoftmax 32"] == c["real 32"]  # (32-head groups take the lazy softmax, untouched by it)
     for bh in (16, 32):  # none: neither, so only q's shared memory is left
         assert c[f"none {bh}"]["wgmma"] == c[f"none {bh}"]["cp"] == 0 and c[f"none {bh}"]["smem"] < 40 * 1024
-    for bh in (16, 32):  # cols2: the same products (P.V in two halves of 16), a second P slot and the hand-off slots
-        real, cols2 = c[f"real {bh}"], c[f"cols2 {bh}"]
-        assert {k: cols2[k] for k in ("wgmma", "cp", "ex2", "ld")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "ld")}
-        assert 0 < cols2["smem"] - real["smem"] <= 64 * bh * 2 + 4 * 4 * bh + 64, (cols2, real)
-        assert cols2["waits"] > real["waits"]
     # the fp8 producers' loads alone / without three quarters of their stores: the same loads, half the shared stores
     # (the rest are the rope part's and the barriers'), fewer conversions where only the loads are left
     nomath, loads, few = c["nomath 32"], c["nomath+loadonly 32"], c["nomath+fewstores 32"]
@@ -215,19 +210,3 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert {k: v for k, v in cg.items() if k != "ldcg"} == {k: v for k, v in real.items() if k != "ldcg"}
     assert {k: tpr8[k] for k in ("wgmma", "cp", "ex2", "waits")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "waits")}
     assert tpr8 != real
-
-
-def test_cols2_protocol_model():
-    """``benchmarks/cols2_protocol.py``: the hand-offs of ``COLS2`` (the producers, the lead and the second math
-    warpgroup, in program order under mbarrier semantics) show no deadlock, no stale read and no overwrite of content
-    still being read in any of the random interleavings of 0-8 tiles, with one producer and with two on alternate
-    tiles; every mutant that breaks one rule is caught; the lead's wait for the P slot's release is implied by the
-    buffer's (without it nothing goes wrong)."""
-    sys.path.insert(0, BENCHMARKS)
-    import cols2_protocol as P
-
-    assert P.check(None, rounds=150) is None
-    for m in P.MUTANTS:
-        assert P.check(m, rounds=150) is not None, m
-    for m in P.HARMLESS:
-        assert P.check(m, rounds=150) is None, m

@@ -1261,57 +1261,18 @@ def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,topk,splits,kv_format,producer,cluster", [
-    (3, 16, 300, None, "bf16", {}, None), (40, 16, 2048, 2, "bf16", {}, False), (5, 32, 1000, 3, "fp8_ds_mla", {}, False),
-    (2, 32, 2048, None, "fp8_ds_mla", dict(alt=0), None), (7, 24, 129, 1, "fp8_ds_mla", {}, None),
-    (33, 40, 200, 1, "bf16", {}, None), (4, 16, 640, None, "fp8_ds_mla", dict(alt=1), None),
-    (3, 32, 1000, 3, "fp8_ds_mla", {}, True), (9, 16, 2048, 2, "bf16", {}, True), (6, 32, 2048, None, "bf16", {}, None),
-    (64, 32, 2048, None, "fp8_ds_mla", {}, None)])
-def test_gpu_sm90_rows_cols2(T, H, topk, splits, kv_format, producer, cluster, monkeypatch):
-    """``COLS2`` (two math warpgroups splitting the output columns, :func:`~dsa.mla.kernel_sm90._math_cols_hi`):
-    bitwise equal to the one-warpgroup rows kernel (the same products per column, the same softmax; the factor 1 where
-    the max did not move is an exact multiply) and to the reference, over both formats and both producer forms
-    (alternate tiles from 1 tile, shared tiles), tails, invalid entries, empty rows, topk_length, sink, splits merged
-    by the merge kernel or inside the kernel (clusters), NaN in unused slots, poisoned outputs and stats."""
-    from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
-
-    kernel_sm90 = _sm90_or_skip()
-    q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 4096, kv_format, seed=T * H + topk + 11, with_len=True,
-                                          with_sink=True, empty_rows=(1,) if T > 2 else ())
-    calls = record_launches(monkeypatch, kernel_sm90, "producer")
-    flat = ref_mod.flat_kv(kv)
-    bh = 16 if H <= 16 else 32
-    runs = []
-    for cols2 in (0, 1):
-        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
-        cfg = dict(SM90_ROWS_SMALL_HEADS, block_h=bh, producer=dict(producer, cols2=cols2))
-        if cluster is not None:
-            cfg["cluster"] = cluster
-        got = sparse_mla_triton(q, flat, idx, sm, D_V, sink, tl_, out, num_splits=splits, config=cfg)
-        assert got[0] is out
-        runs.append(got)
-    assert [c["cols2"] for c in calls] == [0, 1]
-    want = sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_)
-    assert_matches(runs[1], want, max_abs_v(kv, idx, 4096), str((T, H, topk, splits, kv_format)))
-    for a, b, name in zip(runs[0], runs[1], ("out", "max_logits", "lse")):
-        assert torch.equal(a, b), name
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("slope", [0.25, 0.05, -0.25])
 @pytest.mark.parametrize("lazy", [(), (16, 32)])
-@pytest.mark.parametrize("cols2", [0, 1])
-def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, cols2, monkeypatch):
+def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, monkeypatch):
     """The small-head Gluon kernel on logits that rise or fall along the index list, ``slope`` log2 units per entry:
     0.25 is 16 per 64-row tile, past ``LAZY_TAU`` (8) at every tile, so P is redone against the new max; 0.05 is 1-5
     per tile, under it, so P runs above 1 against the earlier tiles' max for a few tiles before a redo; -0.25 has
     the max in the first tile.
     Row 1 takes the list backwards, row 2 has invalid entries scattered through it. With P against the earlier
-    tiles' max (``LAZY_MAX``) for these head groups and without it, with one math warpgroup and two (``COLS2``, whose
-    second warpgroup takes every rescale from the lead), whole and split, into poisoned outputs, NaN in unused slots,
-    against the reference."""
+    tiles' max (``LAZY_MAX``) for these head groups and without it, whole and split, into poisoned outputs, NaN in
+    unused slots, against the reference."""
     from dsa.mla.kernel import SM90_ROWS_SMALL_HEADS
 
     kernel_sm90 = _sm90_or_skip()
@@ -1342,7 +1303,7 @@ def test_gpu_sm90_rows_moving_max(H, kv_format, slope, lazy, cols2, monkeypatch)
     for ns in (None, 2):
         out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=DEVICE))
         got = sparse_mla_triton(q, kv, idx, sm, D_V, None, None, out, num_splits=ns,
-                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H, producer=dict(cols2=cols2)))
+                                config=dict(SM90_ROWS_SMALL_HEADS, block_h=H))
         assert got[0] is out
         assert_matches(got, want, max_abs_v(kv, idx, S), f"splits={ns}")
     assert calls == [H, H]
@@ -1499,15 +1460,14 @@ _COMPILE_SM90 = _SM90_BUILD + r"""
 import re
 import sys
 
-# "fp8" or "bf16", optionally "/32" for a 32-head group (else 16), optionally "/cols2" for two math warpgroups
-fmt, bh, *extra = sys.argv[1].split("/") + [""]
+fmt, _, bh = sys.argv[1].partition("/")  # "fp8" or "bf16", optionally "/32" for a 32-head group (else 16)
 fp8, bh = fmt == "fp8", int(bh or 16)  # fp8: the small-head fp8 producer (kernel_sm90.PRODUCER_ROWS_FP8)
-prod = kernel_sm90.producer_config(fp8, bh, False, dict(cols2=1) if "cols2" in extra else None)  # as launch() does
+prod = kernel_sm90.producer_config(fp8, bh, False)  # what launch() uses for that head group
 for cluster in map(int, sys.argv[2:]):
     consts = dict(IS_FP8=fp8, HAS_LEN=False, HAS_SINK=False, SPLIT=True, BH=bh, PINGPONG=False,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"], MATH_REGS=0,
                   CLUSTER=cluster, ALT=fp8, LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=False,  # fp8: alternate tiles
-                  COLS2=prod["cols2"], COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], SKIP=-1)
+                  SKIP=-1)
     k = build(consts, 4)
     ptx = k.asm["ptx"]
     regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)), key=int)
@@ -1549,43 +1509,18 @@ def test_sm90_small_head_fp8_producer_fits():
         assert regs[0] == kernel_sm90.PRODUCER_ROWS_FP8["regs"] and 128 * regs[-1] + 256 * regs[0] <= 65536, line
 
 
-def test_sm90_cols2_fits():
-    """``COLS2`` (two math warpgroups splitting the output columns) compiles for sm_90 for both formats and head-group
-    sizes, as the defaults launch it: 16 warps over fp8_ds_mla (two producer warpgroups), 12 over bf16; the registers
-    the worker partitions ask for and the lead's rest fit the 64K register file, and the shared memory (a second P slot
-    and the hand-off slots more) fits one CTA per SM (227 KiB)."""
-    from dsa.mla import kernel_sm90
-
-    for fmt in ("fp8", "bf16"):
-        fp8 = fmt == "fp8"
-        prod = kernel_sm90.producer_config(fp8, 32, False)
-        for bh in (16, 32):
-            (line, ) = _compile_sm90(f"{fmt}/{bh}/cols2", "0")
-            cluster, size, barrier, threads, regs, smem = line.split()
-            assert threads == ("512" if fp8 else "384"), (fmt, bh, line)
-            workers = [prod["regs"]] * (prod["warps"] // 4) + [kernel_sm90.COLS2_REGS[fp8]]
-            asked = {int(r) for r in regs.split(",")}
-            assert set(workers) <= asked, (fmt, bh, line)
-            lead = min(256, (65536 - 128 * sum(workers)) // 128 // 8 * 8)  # what the workers leave, at most 256
-            assert lead in asked and (not fp8 or lead == 176), (fmt, bh, line)
-            assert int(smem) <= 232448, (fmt, bh, line)
-
-
 _COMPILE_VARIANTS = _SM90_BUILD + r"""
 # name: (fp8, head group, ping-pong, persistent, num_warps); lengths and sink on, one split, no cluster
-# (the 16/32-head ones with and without COLS2, whatever the defaults)
-VARIANTS = {"64 bf16": (False, 64, False, False, 8, 0), "64 fp8": (True, 64, False, False, 8, 0),
-            "pingpong": (False, 64, True, False, 4, 0), "pingpong persistent": (False, 64, True, True, 4, 0),
-            "16 fp8": (True, 16, False, False, 4, 0), "32 fp8": (True, 32, False, False, 4, 0),
-            "32 bf16": (False, 32, False, False, 4, 0), "16 fp8 cols2": (True, 16, False, False, 4, 1),
-            "32 fp8 cols2": (True, 32, False, False, 4, 1), "32 bf16 cols2": (False, 32, False, False, 4, 1)}
-for name, (fp8, bh, pp, persist, nw, cols2) in VARIANTS.items():
+VARIANTS = {"64 bf16": (False, 64, False, False, 8), "64 fp8": (True, 64, False, False, 8),
+            "pingpong": (False, 64, True, False, 4), "pingpong persistent": (False, 64, True, True, 4),
+            "16 fp8": (True, 16, False, False, 4), "32 fp8": (True, 32, False, False, 4),
+            "32 bf16": (False, 32, False, False, 4)}
+for name, (fp8, bh, pp, persist, nw) in VARIANTS.items():
     prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
     consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
-                  LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist, COLS2=cols2,
-                  COLS2_REGS=kernel_sm90.COLS2_REGS[fp8], SKIP=-1)
+                  LAZY=bh in kernel_sm90.LAZY_MAX, PERSIST=persist, SKIP=-1)
     out[name] = G.sass_lines(build(consts, nw))
 """
 
@@ -1748,8 +1683,8 @@ def test_sm90_tile_stores_fenced_before_wgmma():
     for fn in (kernel_sm90._sparse_mla_sm90_kernel, kernel_sm90._load_q, kernel_sm90._producer, kernel_sm90._math_64,
                kernel_sm90._math_rows, kernel_sm90._math_pp):
         lines |= _source_lines(fn, ".store(")
-    lines -= _source_lines(kernel_sm90._math_rows, "m_smem.store", "fin_smem") | _source_lines(
-        kernel_sm90._math_pp, "m_smem.store", "l_smem.slice")
+    lines -= _source_lines(kernel_sm90._math_rows, "m_smem.store") | _source_lines(kernel_sm90._math_pp, "m_smem.store",
+                                                                                   "l_smem.slice")
     for name, rows in _sm90_sass().items():
         stores, unfenced = _unfenced_tile_stores(rows, lines)
         assert stores >= 4, (name, stores)
@@ -1789,19 +1724,14 @@ def test_sm90_producer_config():
     """Which producer settings each schedule launches with, and benchmark overrides on top of them."""
     from dsa.mla import kernel_sm90 as K
 
-    c16, c32 = (int(16 in K.COLS2[True]), int(32 in K.COLS2[True]))
-    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0, cols2=c16)
+    assert K.producer_config(True, 16, False) == dict(K.PRODUCER_ROWS_FP8, math_regs=0)
     assert K.producer_config(True, 32, False)["warps"] == 8
-    assert K.producer_config(True, 32, False)["cols2"] == c32
-    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0, cols2=0)
-    assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                       cols2=int(16 in K.COLS2[False]))
-    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0, cols2=0)
+    assert K.producer_config(True, 64, False) == dict(K.PRODUCER[True], warps=4, math_regs=0, alt=0)
+    assert K.producer_config(False, 16, False) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0)
+    assert K.producer_config(False, 64, True) == dict(K.PRODUCER_PP, warps=4, early=0, alt=0)
     assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0,
-                                                                              alt=K.PRODUCER_ROWS_FP8["alt"], cols2=c16)
-    assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0,
-                                                                      cols2=0)
-    assert K.producer_config(False, 32, False, dict(cols2=1))["cols2"] == 1
+                                                                              alt=K.PRODUCER_ROWS_FP8["alt"])
+    assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0)
 
 
 def test_sm90_alternate_tiles():

@@ -37,9 +37,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   so no MMA work goes to padding heads. 32-head groups take P against the earlier tiles' max (``LAZY_MAX``): each
   warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
   ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
-  heads, where the producers' fill sets the time per tile). ``COLS2`` (off: 0.5-5% slower on an H100, where the fill
-  sets these calls, and 2.4% slower at 32-head prefill on an H200, where the math does) adds a second math
-  warpgroup that takes P.V over output columns 256-511 (:func:`_math_cols_hi`).
+  heads, where the producers' fill sets the time per tile). Two math warpgroups splitting the output columns were
+  measured slower (BENCHMARKS.md).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
   through.
@@ -121,16 +120,6 @@ PRODUCER_PP = dict(regs=56, math_regs=208)
 #: runs (BENCHMARKS.md): h_q 128 -3.3 to -3.6% (443.8 -> 459.0, 453.2 -> 469.8 TFLOP/s), a causal h_q 128 prefill
 #: -3.0 to -3.6%, 1024 tokens -3.0 to -4.5%; but h_q 64 (one group per token) +1.9, +2.0, -2.2, +2.6, +4.8%: not there.
 PERSIST = True
-#: the head-group sizes (``block_h``), per cache format (keyed by "fp8_ds_mla"), whose 16/32-head path runs two math
-#: warpgroups that split the output columns (``COLS2``): the lead (:func:`_math_rows`) runs every tile's QK and
-#: softmax and the P.V of columns 0-255, and hands P and the tile's rescale factor to the second
-#: (:func:`_math_cols_hi`, ``COLS2_REGS`` registers per format), which runs the P.V of columns 256-511 beside the
-#: lead's next QK and softmax. Off: slower in every case measured (BENCHMARKS.md, fiftieth session on an H100,
-#: fifty-seventh on an H200). The registers (sm_90a compile, 32 heads): over fp8_ds_mla the lead keeps 512 - 2 x
-#: 120 (producers) - 96 = 176 and spills 3 values a tile around the lazy max; the second warpgroup spills only in its
-#: epilogue at 96, and in its loop at 80 or 88. Over bf16 the lead keeps 256.
-COLS2 = {False: (), True: ()}
-COLS2_REGS = {False: 128, True: 96}
 
 
 @gluon.jit
@@ -433,8 +422,7 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
-                  SPLIT: gl.constexpr, m_smem=None, LAZY: gl.constexpr = False, COLS2: gl.constexpr = 0, a_smem=None,
-                  fin_smem=None, xbar=None):
+                  SPLIT: gl.constexpr, m_smem=None, LAZY: gl.constexpr = False):
     """The math warpgroup of a 16/32-head group (the default partition): the gathered rows are the M
     dimension of both products and the heads their N (S^T = K q^T, O^T = V^T P^T), so no MMA work is spent
     on padding heads; per tile wait for ``full``, the two products and the online softmax, release the
@@ -445,18 +433,10 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     the reduction's two plus that one); only when some head's tile max exceeds the reference by more than
     ``LAZY_TAU`` (and at the first valid tile) are P, the sums and the accumulator redone against the new max.
     P is then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum, exact for
-    any reference; max_logits comes from the true running max.
-
-    ``COLS2`` (1): the lead of two math warpgroups that split the output columns. Its accumulator holds columns
-    0-255; after each tile's softmax it hands P (``p_smem`` slot ``i % 2``, once the other warpgroup has released
-    that slot, ``xbar`` 2-3) and the tile's rescale factor per head (``a_smem``; 1 where the max did not move, an exact
-    multiply) to :func:`_math_cols_hi` (``xbar`` 0-1), runs its own P.V, and releases the buffer with the other
-    (``empty`` counts two arrivals). At the end it hands over the sums and the max (``fin_smem``, ``xbar`` 4)."""
+    any reference; max_logits comes from the true running max."""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
-    DA: gl.constexpr = DV // (1 + COLS2)  # the columns this warpgroup accumulates
-    NP: gl.constexpr = 1 + COLS2  # P slots
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -467,7 +447,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     head_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     m_i = gl.full([BH], float("-inf"), gl.float32, head_s)
     l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums, reduced over the rows at the end
-    acc = gl.zeros([DA, BH], gl.float32, o_layout)  # O^T (COLS2: its columns 0-255)
+    acc = gl.zeros([DV, BH], gl.float32, o_layout)  # O^T
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
     m_top = gl.full([BH], float("-inf"), gl.float32, head_s)  # LAZY: the true running max (m_i the reference)
     for i in range(n_tiles):
@@ -475,13 +455,10 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
-        p_slot = p_smem.index(i % NP)
+        p_slot = p_smem.index(0)
         sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-        if COLS2:  # the other warpgroup is done with this P slot (tile i - 2)
-            mbarrier.wait(xbar.index(2 + s), ((i // 2) & 1) ^ 1)
-            alpha = gl.full([BH], 1.0, gl.float32, head_s)
 
         if LAZY:
             sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
@@ -509,74 +486,22 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
                 m_i = m_new
             else:
                 l_2d = l_2d + p
-            if COLS2:
-                _hand_p(a_smem.index(s), alpha, xbar.index(s))
-            acc = warpgroup_mma(kn.slice(0, DA, dim=1).permute((1, 0)), p_slot, acc, is_async=True)
+            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_slot, acc, is_async=True)
         else:
             p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
 
             p_slot.store(p.to(gl.bfloat16))
             fence_async_shared()
-            if COLS2:
-                _hand_p(a_smem.index(s), alpha, xbar.index(s))
-            else:
-                gl.thread_barrier()
+            gl.thread_barrier()
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
-            acc = warpgroup_mma(kn.slice(0, DA, dim=1).permute((1, 0)), p_slot, acc * alpha_o[None, :], is_async=True)
+            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_slot, acc * alpha_o[None, :], is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
 
     l_i = gl.sum(l_2d, 0)
-    if COLS2:  # the sums and the max the other warpgroup normalises its columns by
-        fin_smem.index(0).store(l_i)
-        fin_smem.index(1).store(m_i)
-        gl.thread_barrier()
-        mbarrier.arrive(xbar.index(4))
     _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
               sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top if LAZY else None)
-
-
-@gluon.jit
-def _hand_p(a_slot, alpha, ready):
-    """``COLS2``, the lead: with P stored and fenced, publish the tile's rescale factor per head and signal
-    ``ready`` for the other math warpgroup (one arrival after this warpgroup's barrier)."""
-    a_slot.store(alpha)
-    gl.thread_barrier()
-    mbarrier.arrive(ready)
-
-
-@gluon.jit
-def _math_cols_hi(k_nope_smem, p_smem, a_smem, fin_smem, full, empty, xbar, sink_ptr, out_ptr, stride_ot, stride_oh,
-                  stride_os, t64, hg, sid, T, h_q, n_tiles, BH: gl.constexpr, HAS_SINK: gl.constexpr,
-                  SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
-    """``COLS2``: the second math warpgroup of a 16/32-head group (a worker partition, 4 warps), output columns
-    256-511. Per tile: wait for P and the rescale factor from the lead (:func:`_math_rows`, ``xbar`` ``i % 2``),
-    rescale its accumulator, P.V over the tile's values 256-511, then release the P slot (``xbar`` 2 + ``i % 2``)
-    and its part of the buffer (``empty``). At the end it takes the sums and the max (``xbar`` 4) and stores its
-    columns (no lse or max_logits: the lead stores those)."""
-    DA: gl.constexpr = 256
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
-    head_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    acc = gl.zeros([DA, BH], gl.float32, o_layout)  # O^T, columns 256-511
-    for i in range(n_tiles):
-        s = i % 2
-        mbarrier.wait(full.index(s), (i // 2) & 1)  # (long passed: the lead waited for it before P)
-        mbarrier.wait(xbar.index(s), (i // 2) & 1)
-        alpha = a_smem.index(s).load(head_o)
-        vt = k_nope_smem.index(s).slice(DA, DA, dim=1).permute((1, 0))
-        acc = warpgroup_mma(vt, p_smem.index(s), acc * alpha[None, :], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()  # every warp is done with P and the buffer
-        mbarrier.arrive(xbar.index(2 + s))
-        mbarrier.arrive(empty.index(s))
-    mbarrier.wait(xbar.index(4), 0)
-    l_i = fin_smem.index(0).load(head_o)
-    m_i = fin_smem.index(1).load(head_o)
-    _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, out_ptr, out_ptr, t64, hg, sid, T,
-              h_q, BH, DA, 1, o_layout, HAS_SINK, SPLIT, False)
-    if CLUSTER > 1:  # its partials are stored: its part of the cluster barrier before the in-kernel merge
-        _cluster_barrier(4, False)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -942,8 +867,7 @@ def _sparse_mla_sm90_kernel(
     IS_FP8: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
     BH: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     EARLY: gl.constexpr, MATH_REGS: gl.constexpr, CLUSTER: gl.constexpr, ALT: gl.constexpr,
-    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, COLS2: gl.constexpr = 0, COLS2_REGS: gl.constexpr = 0,
-    SKIP: gl.constexpr = -1,
+    LAZY: gl.constexpr = False, PERSIST: gl.constexpr = False, SKIP: gl.constexpr = -1,
 ):
     """Warp-specialised sparse MLA for a group of ``BH`` heads, same arguments and results as the Triton kernel:
     a producer warpgroup copies, and for fp8_ds_mla dequantises, the gathered rows into two bf16 tile buffers
@@ -953,9 +877,8 @@ def _sparse_mla_sm90_kernel(
       (:func:`_math_pp`; the worker one with ``MATH_REGS`` registers), :func:`_producer_pp`, each buffer released
       in halves.
     * else 64 heads (8 warps): two math warpgroups sharing each tile (:func:`_math_64`); 16 or 32 heads
-      (4 warps): one, the rows as M (:func:`_math_rows`), or with ``COLS2`` two that split the output columns (the
-      second :func:`_math_cols_hi`, ``COLS2_REGS`` registers); :func:`_producer` (``EARLY`` fp8 groups loaded
-      before a buffer is free), two mbarriers per buffer (full, empty)."""
+      (4 warps): one, the rows as M (:func:`_math_rows`); :func:`_producer` (``EARLY`` fp8 groups loaded before a
+      buffer is free), two mbarriers per buffer (full, empty)."""
     if SKIP >= 0:  # (a launch whose work another launch does, as a flag on the device says: see launch())
         if gl.load(skip_ptr) == SKIP:
             return
@@ -1020,22 +943,15 @@ def _sparse_mla_sm90_kernel(
         k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
         if BH == 64:
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
-        else:  # P^T (COLS2: two slots)
-            p_smem = gl.allocate_shared_memory(gl.bfloat16, [1 + COLS2, BN, BH],
+        else:  # P^T (one slot)
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BN, BH],
                                                gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
             m_smem = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2):
             mbarrier.init(full.index(j), count=1)
-            mbarrier.init(empty.index(j), count=1 + COLS2)
-        if COLS2:  # the two math warpgroups' hand-offs: P ready (0-1) and free (2-3) per slot, the final sums (4)
-            vec2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # (one rank less: index gives [BH])
-            a_smem = gl.allocate_shared_memory(gl.float32, [2, BH], vec2)
-            fin_smem = gl.allocate_shared_memory(gl.float32, [2, BH], vec2)
-            xbar = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
-            for j in gl.static_range(5):
-                mbarrier.init(xbar.index(j), count=1)
+            mbarrier.init(empty.index(j), count=1)
         start, stop, n_tiles = _span(len_ptr, t, sid, topk, split_len, BN, HAS_LEN)
         if BH == 64:
             gl.warp_specialize([
@@ -1046,33 +962,6 @@ def _sparse_mla_sm90_kernel(
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
-        elif COLS2 and ALT:
-            gl.warp_specialize([
-                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
-                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT, m_smem, LAZY, COLS2, a_smem, fin_smem, xbar)),
-                (_math_cols_hi, (k_nope_smem, p_smem, a_smem, fin_smem, full, empty, xbar, sink_ptr, out_ptr,
-                                 stride_ot, stride_oh, stride_os, t64, hg, sid, T, h_q, n_tiles, BH, HAS_SINK, SPLIT,
-                                 CLUSTER)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 0, 2)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, 4, EARLY, CLUSTER, 1, 2)),
-            ], [4, 4, 4], [COLS2_REGS, PRODUCER_REGS, PRODUCER_REGS])
-        elif COLS2:
-            gl.warp_specialize([
-                (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
-                              stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
-                              lse_ptr, t64, hg, sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH, HAS_SINK,
-                              SPLIT, m_smem, LAZY, COLS2, a_smem, fin_smem, xbar)),
-                (_math_cols_hi, (k_nope_smem, p_smem, a_smem, fin_smem, full, empty, xbar, sink_ptr, out_ptr,
-                                 stride_ot, stride_oh, stride_os, t64, hg, sid, T, h_q, n_tiles, BH, HAS_SINK, SPLIT,
-                                 CLUSTER)),
-                (_producer, (k_nope_smem, k_rope_smem, full, empty, nope_ptr, stride_nope, scale_ptr, stride_scale,
-                             rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
-                             CLUSTER)),
-            ], [4, PRODUCER_WARPS], [COLS2_REGS, PRODUCER_REGS])
         elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
             gl.warp_specialize([
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
@@ -1182,8 +1071,7 @@ def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict |
         base = PRODUCER_ROWS_FP8
     else:
         base = PRODUCER[is_fp8]
-    cols2 = int(not pingpong and block_h < BLOCK_H and block_h in COLS2[is_fp8])
-    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, "cols2": cols2, **(producer or {})}
+    return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, **(producer or {})}
 
 
 def alternate_tiles(prod: dict, block_h: int, split_len: int) -> bool:
@@ -1233,8 +1121,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
         HAS_SINK=has_sink, SPLIT=split, BH=block_h,
         PINGPONG=pp, PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
         MATH_REGS=prod["math_regs"], CLUSTER=cluster, ALT=alternate_tiles(prod, block_h, split_len),
-        LAZY=block_h in LAZY_MAX, PERSIST=persist, COLS2=int(prod["cols2"] and block_h < BLOCK_H),
-        COLS2_REGS=COLS2_REGS[is_fp8], SKIP=-1 if skip is None else int(skip[1]),
+        LAZY=block_h in LAZY_MAX, PERSIST=persist, SKIP=-1 if skip is None else int(skip[1]),
         num_warps=8 if block_h == BLOCK_H and not pp else 4)
     if cluster > 1 and kernel.packed_metadata[1] != cluster:  # (a Triton whose launch path differs)
         raise RuntimeError(f"sparse_mla: the Hopper kernel was not launched as clusters of {cluster} CTAs")
