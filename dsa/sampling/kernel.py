@@ -18,7 +18,7 @@ each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens at to
   smaller index) and its argmax of ``z + g`` ahead of it, in one pass.
 * ``_sample_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the
   chunks' masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the row
-  (``_walk``: one pass each for its mass ahead and the argmax ahead of it).
+  (``_walk``: one pass per candidate, for both its mass ahead and the argmax ahead of it).
 
 Every pass after the first reads only the chunks, and within them the blocks, whose largest ``z`` (pass 1's chunk
 maxima; the block's own) reaches the candidate's: no other token can be ahead of it. The later the candidate, the
@@ -124,10 +124,11 @@ def _ahead(z, offs, cz, cand):
 
 
 @triton.jit
-def _ahead_pass(xr, pm, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo, ARGMAX: tl.constexpr, CHUNK: tl.constexpr,
-                BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """Over the tokens of ``[lo, hi)`` ahead of the candidate (index ``cand``, scaled logit ``cz``): ``sum(exp(z -
-    m))`` (per lane, then one sum) and, with ``ARGMAX``, the argmax of ``z + g`` (value, index; -inf if none).
+def _ahead_pass(xr, pm, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo, MASS: tl.constexpr, ARGMAX: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+    """Over the tokens of ``[lo, hi)`` ahead of the candidate (index ``cand``, scaled logit ``cz``): with ``MASS``
+    ``sum(exp(z - m))`` (per lane, then one sum; else 0), with ``ARGMAX`` the argmax of ``z + g`` (value, index;
+    -inf if none).
     ``pm`` points at the row's chunk maxima (pass 1's, chunks of ``CHUNK`` from 0): a chunk whose largest ``z`` is
     below ``cz`` holds no token ahead and is not read, nor is a block of it whose largest ``z`` is (the sums are
     the same: they would only add zeros)."""
@@ -135,15 +136,15 @@ def _ahead_pass(xr, pm, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo, ARGMAX: tl.co
     acc = tl.zeros([BLOCK], tl.float32)
     nb = tl.full([], float("-inf"), tl.float32)
     ni = cand
-    for c0 in range(lo, hi, CHUNK):
-        if tl.load(pm + c0 // CHUNK) >= cz:
-            for start in range(c0, tl.minimum(c0 + CHUNK, hi), BLOCK):
-                offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
-                if bmax >= cz:
-                    ah = msk & _ahead(z, offs, cz, cand)
+    for start in range(lo, hi, BLOCK):  # (BLOCK divides CHUNK: a block lies in one chunk)
+        if tl.load(pm + start // CHUNK) >= cz:
+            offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
+            if bmax >= cz:
+                ah = msk & _ahead(z, offs, cz, cand)
+                if MASS:
                     acc += tl.where(ah, tl.exp(z - m), 0.0)
-                    if ARGMAX:
-                        nb, ni = _fold_noisy_argmax(z, ah, offs, bmax, nb, ni, s_hi, s_lo, V, U_BITS, G_MAX)
+                if ARGMAX:
+                    nb, ni = _fold_noisy_argmax(z, ah, offs, bmax, nb, ni, s_hi, s_lo, V, U_BITS, G_MAX)
     return tl.sum(acc, 0), nb, ni
 
 
@@ -152,13 +153,14 @@ def _walk(xr, pm, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, CHUNK: tl.
           U_BITS: tl.constexpr, G_MAX: tl.constexpr):
     """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
     softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
-    (``a / s >= top_p``) and a token is ahead, move to that token: one pass over the chunks that hold tokens ahead
-    of it (``pm``: their maxima) for both its mass ahead and the argmax ahead of it."""
+    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for both its mass ahead and the argmax
+    ahead of it, over the chunks that hold tokens ahead of it (``pm``: their maxima)."""
     go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
     while go:
         cand = ni
         cz = tl.load(xr + cand).to(tl.float32) * inv_t
-        a, nb, ni = _ahead_pass(xr, pm, 0, V, V, inv_t, m, cz, cand, s_hi, s_lo, True, CHUNK, BLOCK, U_BITS, G_MAX)
+        a, nb, ni = _ahead_pass(xr, pm, 0, V, V, inv_t, m, cz, cand, s_hi, s_lo, True, True, CHUNK, BLOCK,
+                                U_BITS, G_MAX)
         go = (a / s >= top_p) & (nb > float("-inf"))
     return cand
 
@@ -216,7 +218,7 @@ def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, ch
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     a, nb, ni = _ahead_pass(xr, part_f + row.to(tl.int64) * 3 * S, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo,
-                            True, CHUNK, BLOCK, U_BITS, G_MAX)
+                            True, True, CHUNK, BLOCK, U_BITS, G_MAX)
     cf = chk_f + row.to(tl.int64) * 2 * S + c
     tl.store(cf, a)
     tl.store(cf + S, nb)
@@ -256,6 +258,7 @@ ROW_BLOCK, ROW_WARPS = 4096, 16
 def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64: pass 1 in
     chunks, with top-p the first candidate's pass in chunks, then one program per row."""
+    assert CHUNK % ROW_BLOCK == 0  # (the later passes look a block's chunk up by its start)
     B, V = logits.shape
     S = triton.cdiv(V, CHUNK)
     cut = top_p < 1.0
