@@ -22,7 +22,7 @@ import torch
 from dsa.engine import BlockManager, Engine, EngineConfig, SchedulerConfig, StageProfiler
 from dsa.model import generate
 from dsa.model.tiny import random_model, tiny_config
-from utils import ON_GPU
+from utils import DEVICE, ON_GPU
 
 REF = "reference"
 VOCAB = 512
@@ -164,8 +164,8 @@ def test_the_sampler_takes_the_models_backend(models, sampled_oracle, monkeypatc
     calls = []
     launch = sampling.sample_launch
     monkeypatch.setattr(sampling, "sample_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
-    z = torch.randn(2, VOCAB)
-    sampling.sample_tokens(z, torch.tensor([1, 2]), 1.0, 0.9, backend="triton")
+    z = torch.randn(2, VOCAB, device=DEVICE)
+    sampling.sample_tokens(z, torch.tensor([1, 2], device=DEVICE), 1.0, 0.9, backend="triton")
     assert calls == [1]  # (the patch sees the kernel's launches)
     m = models["fp8"]
     assert m.backend == REF

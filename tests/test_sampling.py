@@ -227,11 +227,11 @@ def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
 
 
 @pytest.mark.parametrize("B,V,seed", [(16, 20000, 11), (6, 129280, 12)])
-def test_kernel_walks_reading_only_the_chunks_ahead(B, V, seed):
+def test_kernel_walks_to_candidates_in_a_few_chunks(B, V, seed):
     """Most tokens flat and low, a few hundred high ones in two chunks of the vocabulary (with ties across chunks):
-    the first candidate often lies in the low mass and is rejected, and the later passes read only the chunks whose
-    largest z reaches the candidate's. The kernel's tokens are the reference's at every top_p, and the most likely
-    token (the first of its ties) at a top_p below every mass."""
+    the first candidate often lies in the low mass and is rejected, and the later candidates lie in those two chunks.
+    The kernel's tokens are the reference's at every top_p, and the most likely token (the first of its ties) at a
+    top_p below every mass."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(B, V, generator=g) * 0.3
     hot = torch.cat([torch.randint(4096, 8192, (60,), generator=g), torch.randint(12288, 16384, (240,), generator=g)])

@@ -15,14 +15,10 @@ each step (tests/test_sampling.py counts up to 11 on 400 near-equal tokens at to
   logarithms.
 * The first candidate (``_sample_check_kernel``, top-p only, one program per chunk): the chunks' partials combined
   in a fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
-  smaller index) and its argmax of ``z + g`` ahead of it, in one pass.
+  smaller index) and its argmax of ``z + g`` ahead of it.
 * ``_sample_finish_kernel``, one program per row: the same combination; accept when ``a / s < top_p`` (``a`` the
-  chunks' masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the row
-  (``_walk``: one pass per candidate, for both its mass ahead and the argmax ahead of it).
-
-Every pass after the first reads only the chunks, and within them the blocks, whose largest ``z`` (pass 1's chunk
-maxima; the block's own) reaches the candidate's: no other token can be ahead of it. The later the candidate, the
-fewer tokens are ahead of it, and the fewer chunks are read.
+  chunks' masses ahead, summed in order) or nothing is ahead; else walk the later candidates over the whole row
+  (``_walk``: a pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
 
 The chunks are a fixed size, so a row's sums, and so its token, never depend on the batch around it. The tokens are
 the reference's except where the candidate's mass ahead lies within the rounding of the two sums (the kernels'
@@ -124,44 +120,50 @@ def _ahead(z, offs, cz, cand):
 
 
 @triton.jit
-def _ahead_pass(xr, pm, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo, MASS: tl.constexpr, ARGMAX: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """Over the tokens of ``[lo, hi)`` ahead of the candidate (index ``cand``, scaled logit ``cz``): with ``MASS``
-    ``sum(exp(z - m))`` (per lane, then one sum; else 0), with ``ARGMAX`` the argmax of ``z + g`` (value, index;
-    -inf if none).
-    ``pm`` points at the row's chunk maxima (pass 1's, chunks of ``CHUNK`` from 0): a chunk whose largest ``z`` is
-    below ``cz`` holds no token ahead and is not read, nor is a block of it whose largest ``z`` is (the sums are
-    the same: they would only add zeros)."""
+def _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK: tl.constexpr):
+    """``sum(exp(z - m))`` over the tokens of ``[lo, hi)`` ahead of the candidate (per lane, then one sum)."""
     ar = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
-    nb = tl.full([], float("-inf"), tl.float32)
-    ni = cand
-    for start in range(lo, hi, BLOCK):  # (BLOCK divides CHUNK: a block lies in one chunk)
-        if tl.load(pm + start // CHUNK) >= cz:
-            offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
-            if bmax >= cz:
-                ah = msk & _ahead(z, offs, cz, cand)
-                if MASS:
-                    acc += tl.where(ah, tl.exp(z - m), 0.0)
-                if ARGMAX:
-                    nb, ni = _fold_noisy_argmax(z, ah, offs, bmax, nb, ni, s_hi, s_lo, V, U_BITS, G_MAX)
-    return tl.sum(acc, 0), nb, ni
+    for start in range(lo, hi, BLOCK):
+        offs = start + ar
+        msk = offs < hi
+        z = tl.load(xr + offs, mask=msk, other=float("-inf")).to(tl.float32) * inv_t
+        acc += tl.where(msk & _ahead(z, offs, cz, cand), tl.exp(z - m), 0.0)
+    return tl.sum(acc, 0)
 
 
 @triton.jit
-def _walk(xr, pm, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-          U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                  G_MAX: tl.constexpr):
+    """The argmax of ``z + g`` over the tokens of ``[lo, hi)`` ahead of the candidate: (value, index), -inf if none."""
+    ar = tl.arange(0, BLOCK)
+    nb = tl.full([], float("-inf"), tl.float32)
+    ni = cand
+    for start in range(lo, hi, BLOCK):
+        offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
+        if bmax >= cz:
+            nb, ni = _fold_noisy_argmax(z, msk & _ahead(z, offs, cz, cand), offs, bmax, nb, ni, s_hi, s_lo, V,
+                                        U_BITS, G_MAX)
+    return nb, ni
+
+
+@triton.jit
+def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+          G_MAX: tl.constexpr):
     """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
     softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
-    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for both its mass ahead and the argmax
-    ahead of it, over the chunks that hold tokens ahead of it (``pm``: their maxima)."""
+    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for its mass ahead, and one for the
+    argmax ahead of it only when it is rejected too."""
     go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
     while go:
         cand = ni
         cz = tl.load(xr + cand).to(tl.float32) * inv_t
-        a, nb, ni = _ahead_pass(xr, pm, 0, V, V, inv_t, m, cz, cand, s_hi, s_lo, True, True, CHUNK, BLOCK,
-                                U_BITS, G_MAX)
-        go = (a / s >= top_p) & (nb > float("-inf"))
+        a = _mass_ahead(xr, 0, V, inv_t, m, cz, cand, BLOCK)
+        go = a / s >= top_p
+        nb = tl.full([], float("-inf"), tl.float32)
+        if go:
+            nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+        go = go & (nb > float("-inf"))
     return cand
 
 
@@ -217,8 +219,8 @@ def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, ch
     cz = tl.load(xr + cand).to(tl.float32) * inv_t
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
-    a, nb, ni = _ahead_pass(xr, part_f + row.to(tl.int64) * 3 * S, lo, hi, V, inv_t, m, cz, cand, s_hi, s_lo,
-                            True, True, CHUNK, BLOCK, U_BITS, G_MAX)
+    a = _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK)
+    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     cf = chk_f + row.to(tl.int64) * 2 * S + c
     tl.store(cf, a)
     tl.store(cf + S, nb)
@@ -227,8 +229,8 @@ def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, ch
 
 @triton.jit
 def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, out_ptr, V, inv_t, top_p,
-                          S, S_P2: tl.constexpr, CUT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                          U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+                          S, S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                          G_MAX: tl.constexpr):
     """One program per row: the pass-1 partials combined; with top-p, the first candidate's chunk results combined
     (the mass ahead summed in chunk order, the first argmax ahead), then the later candidates' passes."""
     row = tl.program_id(0)
@@ -242,8 +244,7 @@ def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, c
         nbs = tl.load(cf + S, mask=ok, other=float("-inf"))
         nb = tl.max(nbs, 0)
         ni = tl.min(tl.where(nbs == nb, tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V), V), 0)
-        cand = _walk(xr, part_f + row.to(tl.int64) * 3 * S, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo,
-                     CHUNK, BLOCK, U_BITS, G_MAX)
+        cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     tl.store(out_ptr + row, cand.to(tl.int64))
 
 
@@ -258,7 +259,6 @@ ROW_BLOCK, ROW_WARPS = 4096, 16
 def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64: pass 1 in
     chunks, with top-p the first candidate's pass in chunks, then one program per row."""
-    assert CHUNK % ROW_BLOCK == 0  # (the later passes look a block's chunk up by its start)
     B, V = logits.shape
     S = triton.cdiv(V, CHUNK)
     cut = top_p < 1.0
@@ -276,6 +276,6 @@ def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
         _sample_check_kernel[(B, S)](*x, part_f, part_i, chk_f, chk_i, V, inv_t, S, S_P2=triton.next_power_of_2(S),
                                      CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
     _sample_finish_kernel[(B,)](*x, part_f, part_i, chk_f, chk_i, out, V, inv_t, top_p, S,
-                                S_P2=triton.next_power_of_2(S), CUT=cut, CHUNK=CHUNK,
+                                S_P2=triton.next_power_of_2(S), CUT=cut,
                                 BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)), num_warps=ROW_WARPS, **common)
     return out
