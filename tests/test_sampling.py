@@ -226,7 +226,7 @@ def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
         assert nucleus_ref(scaled_logits(z, 1.0), top_p).gather(1, got[:, None]).all()
 
 
-@pytest.mark.parametrize("B,V,seed", [(16, 20000, 11), (6, 129280, 12)])
+@pytest.mark.parametrize("B,V,seed", [(16, 20000, 11), (3, 129280, 12)])
 def test_kernel_walks_to_candidates_in_a_few_chunks(B, V, seed):
     """Most tokens flat and low, a few hundred high ones in two chunks of the vocabulary (with ties across chunks):
     the first candidate often lies in the low mass and is rejected, and the later candidates lie in those two chunks.
