@@ -146,6 +146,8 @@ def test_bad_arguments_are_refused():
         sample_tokens(z, None, 0.0, out=torch.empty(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="logits: expected the last dim to be contiguous"):
         sample_tokens(z.t(), _seeds(10), 1.0)
+    with pytest.raises(ValueError, match="seeds: expected the last dim to be contiguous"):
+        sample_tokens(z, _seeds(6)[::2], 1.0)
 
 
 def test_the_largest_hash_gives_a_uniform_below_one():

@@ -24,17 +24,18 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor | None, temperature:
     """The next token of each row.
 
     Args:
-        logits: ``[B, V]`` fp32, bf16 or fp16 (taken in fp32), rows contiguous; never NaN.
-        seeds: ``[B]`` int64, one per row (:func:`row_seed`), on the logits' device; unused (may be None) when
-            greedy.
+        logits: ``[B, V]`` fp32, bf16 or fp16 (taken in fp32), the last dim contiguous (the rows may be any
+            stride, 0 included); never NaN.
+        seeds: ``[B]`` int64, contiguous, one per row (:func:`row_seed`), on the logits' device; unused (may be
+            None) when greedy.
         temperature: ``<= 0``: greedy (``argmax``, the first index among equal maxima); else the draw's temperature.
         top_p: in (0, 1]: the nucleus' mass (1: the whole vocabulary).
         out: optional int64 ``[B]`` (contiguous) on the logits' device, written and returned.
         backend: ``None | "auto" | "triton" | "reference"`` (:mod:`dsa.backend`).
 
     Returns:
-        int64 ``[B]`` on the logits' device (``out`` when given). No host synchronisation (capturable in a CUDA graph). The kernel and the
-        reference give the same tokens but for rounding ties (:mod:`dsa.sampling.kernel`).
+        int64 ``[B]`` on the logits' device (``out`` when given). No host synchronisation (capturable in a CUDA
+        graph). The kernel and the reference give the same tokens but for rounding ties (:mod:`dsa.sampling.kernel`).
     """
     _checks.check_tensor("logits", logits, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2)
     B, V = logits.shape
