@@ -1,6 +1,6 @@
 """How fast can ONE CTA per SM gather sparse-MLA cache rows with Hopper's bulk copy engine, one copy per row?
 
-    python benchmarks/bulk_gather.py ["call 1" | "call 2" | stages]  # GPU: BENCHMARKS.md's 25th / 52nd sessions
+    python benchmarks/bulk_gather.py ["call 1" | "call 2" | stages | prefill]  # GPU: the 25th / 52nd / 63rd sessions
     python benchmarks/bulk_gather.py --compile-only         # CPU: compile for sm_90a, print the shared-memory offsets
 
 The small-head fp8 decode kernels run one CTA per SM, and their row copies (``cp.async``, 16 bytes per lane, or
@@ -52,8 +52,10 @@ BN = gl.constexpr(64)  # rows per tile
 
 @gluon.jit
 def _loader(full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW: gl.constexpr, STAGES: gl.constexpr,
-            RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, LW: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr):
-    """Tiles ``W, W + STEP, ...``; each of the partition's ``LW`` warps copies ``BN / LW`` rows of each."""
+            RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr, LW: gl.constexpr, W: gl.constexpr, STEP: gl.constexpr,
+            PIECE: gl.constexpr):
+    """Tiles ``W, W + STEP, ...``; each of the partition's ``LW`` warps copies ``BN / LW`` rows of each, each row
+    by ``ROW / PIECE`` bulk copies."""
     lay: gl.constexpr = gl.BlockedLayout([BN // (32 * LW)], [32], [LW], [0])
     r = gl.arange(0, BN, lay)
     idx = gl.load(idx_row + start + W * BN + r, mask=start + W * BN + r < stop, other=-1)
@@ -68,11 +70,13 @@ def _loader(full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW: gl.const
         dst = RING_OFF + (s * BN + r) * ROW
         bar = gl.full([BN], BAR_OFF, gl.int32, lay) + s * 8
         mbarrier.expect(full.index(s), BN * ROW)
-        gl.inline_asm_elementwise(
-            "{ .reg .u32 a, b; mov.u32 a, global_smem; add.u32 b, a, $3; add.u32 a, a, $1;\n"
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [$2], $4, [b];\n"
-            "mov.u32 $0, 0; }", "=r,r,l,r,r", [dst, src, bar, gl.full([BN], ROW, gl.int32, lay)], dtype=gl.int32,
-            is_pure=False, pack=1)
+        for p in gl.static_range(ROW // PIECE):  # one copy per row, or per PIECE bytes of it
+            gl.inline_asm_elementwise(
+                "{ .reg .u32 a, b; mov.u32 a, global_smem; add.u32 b, a, $3; add.u32 a, a, $1;\n"
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [$2], $4, [b];\n"
+                "mov.u32 $0, 0; }", "=r,r,l,r,r", [dst + p * PIECE, src + p * (PIECE // 4), bar,
+                                                   gl.full([BN], PIECE, gl.int32, lay)], dtype=gl.int32,
+                is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -113,7 +117,7 @@ def _consumer(full, empty, out_row, start, stop, n_tiles, ROW: gl.constexpr, STA
 def _bulk_walk_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, stride_o, ROW: gl.constexpr,
                       STAGES: gl.constexpr, CONSUME: gl.constexpr, RING_OFF: gl.constexpr, BAR_OFF: gl.constexpr,
                       LW: gl.constexpr, ALT: gl.constexpr, MATH: gl.constexpr, CW: gl.constexpr, P0: gl.constexpr,
-                      P1: gl.constexpr, P2: gl.constexpr, P3: gl.constexpr):
+                      P1: gl.constexpr, P2: gl.constexpr, P3: gl.constexpr, PIECE: gl.constexpr):
     """The ring is ``STAGES`` tiles of ``BN`` rows of ``ROW`` bytes back to back, allocated as up to four
     power-of-two int32 buffers of ``P0 >= P1 >= P2 >= P3`` words (0: none) that the compiler must place side by side
     (checked from the TTGIR by :func:`offsets`). ``LW`` loader warps: one partition splitting each tile's rows
@@ -138,30 +142,39 @@ def _bulk_walk_kernel(kv_ptr, idx_ptr, out_ptr, S, topk, chunk, stride_it, strid
     if ALT == 0:
         gl.warp_specialize([
             (_consumer, (full, empty, out_row, start, stop, n_tiles, ROW, STAGES, CONSUME, RING_OFF, MATH, CW)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, LW, 0,
-                       1)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, LW,
+                       0, 1, PIECE)),
         ], [LW], [48])
     elif LW == 2:
         gl.warp_specialize([
             (_consumer, (full, empty, out_row, start, stop, n_tiles, ROW, STAGES, CONSUME, RING_OFF, MATH, CW)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 0, 2)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 1, 2)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       0, 2, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       1, 2, PIECE)),
         ], [1, 1], [48, 48])
     elif LW == 3:
         gl.warp_specialize([
             (_consumer, (full, empty, out_row, start, stop, n_tiles, ROW, STAGES, CONSUME, RING_OFF, MATH, CW)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 0, 3)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 1, 3)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 2, 3)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       0, 3, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       1, 3, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       2, 3, PIECE)),
         ], [1, 1, 1], [48, 48, 48])
     else:
         gl.static_assert(LW == 4, "ALT 1 takes 2, 3 or 4 loader warps")
         gl.warp_specialize([
             (_consumer, (full, empty, out_row, start, stop, n_tiles, ROW, STAGES, CONSUME, RING_OFF, MATH, CW)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 0, 4)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 1, 4)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 2, 4)),
-            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1, 3, 4)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       0, 4, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       1, 4, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       2, 4, PIECE)),
+            (_loader, (full, empty, kv_ptr, idx_row, start, stop, n_tiles, S, ROW, STAGES, RING_OFF, BAR_OFF, 1,
+                       3, 4, PIECE)),
         ], [1, 1, 1, 1], [48, 48, 48, 48])
     b0._keep_alive()
     if P1 > 0:
@@ -323,32 +336,35 @@ def _build_sm90(consts):
     return compile_sm90(_bulk_walk_kernel, consts, dict(kv_ptr="*i32", idx_ptr="*i32", out_ptr="*i32"), consts["CW"])
 
 
-def _consts(row, stages, consume, lw=1, alt=0, math=0, cw=4):
+def _consts(row, stages, consume, lw=1, alt=0, math=0, cw=4, piece=None):
+    piece = piece or row
+    assert row % piece == 0 and piece % 16 == 0, (row, piece)
     return dict(ROW=row, STAGES=stages, CONSUME=consume, RING_OFF=0, BAR_OFF=0, LW=lw, ALT=alt, MATH=math, CW=cw,
-                **ring_parts(row, stages))
+                PIECE=piece, **ring_parts(row, stages))
 
 
-def compile_only(row, stages, consume, lw=1, alt=0, math=0, cw=4):
+def compile_only(row, stages, consume, lw=1, alt=0, math=0, cw=4, piece=None):
     """CPU: compile for sm_90, resolve the offsets, compile again; print what the kernel got."""
-    consts = _consts(row, stages, consume, lw, alt, math, cw)
+    consts = _consts(row, stages, consume, lw, alt, math, cw, piece)
     parts = ring_parts(row, stages)
     ring, bar = offsets(_build_sm90(consts).asm["ttgir"], parts, stages)
     consts.update(RING_OFF=ring, BAR_OFF=bar)
     k = _build_sm90(consts)
     assert offsets(k.asm["ttgir"], parts, stages) == (ring, bar)
     n_bulk = k.asm["ptx"].count("cp.async.bulk.shared")
-    print(f"row {row} stages {stages} consume {consume} loader warps {lw} alt {alt} math {math} consumer warps {cw}: "
-          f"parts {parts}, ring at {ring}, full barriers at {bar}, shared {k.metadata.shared} B, {n_bulk} bulk copies "
-          "in the PTX", flush=True)
+    print(f"row {row} stages {stages} consume {consume} loader warps {lw} alt {alt} math {math} consumer warps {cw}, "
+          f"piece {consts['PIECE']}: parts {parts}, ring at {ring}, full barriers at {bar}, shared "
+          f"{k.metadata.shared} B, {n_bulk} bulk copies in the PTX", flush=True)
     return k
 
 
 _OFFS = {}
 
 
-def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=4):
+def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=4, piece=None):
     """``words`` [S, W] int32 rows (contiguous, 16-byte aligned rows); ``idx`` [T, topk] int32; ``out`` [T, topk]
-    int32 (each row's wrapping word sum when ``consume``). ``splits`` CTAs per index list."""
+    int32 (each row's wrapping word sum when ``consume``). ``splits`` CTAs per index list; ``piece``: bytes per
+    bulk copy (a divisor of the row's, a multiple of 16; None: the whole row)."""
     S, w = words.shape
     row = 4 * w
     assert row % 16 == 0 and words.data_ptr() % 16 == 0
@@ -358,7 +374,7 @@ def bulk_walk(words, idx, out, splits, stages, consume, lw=1, alt=0, math=0, cw=
     args = (words, idx, out, S, topk, chunk, idx.stride(0), out.stride(0))
     # with loaders on alternate tiles, each stage must have one loader (a parity wait tells only two phases apart)
     assert not alt or stages % lw == 0, "ALT 1 needs the stages to be a multiple of the loader warps"
-    consts = _consts(row, stages, consume, lw, alt, math, cw)
+    consts = _consts(row, stages, consume, lw, alt, math, cw, piece)
     parts = ring_parts(row, stages)
     key = tuple(consts.items())
     if key not in _OFFS:  # the offsets of the variant that runs, and of the same kernel compiled for sm_90 here
@@ -379,6 +395,15 @@ CASES = {
     "stages": [
         ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla", [(2, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 3, 4)]),
         ("fp8 656 B, 128 tokens", 128, "fp8_ds_mla", [(1, st, 2, 0, (1, ), 0, 4) for st in (1, 2, 4)]),
+    ],
+    # bf16 prefill's rows (4096 tokens x 2048 random slots of one 128K cache), as given and grouped by slot range:
+    # what the copy engine gathers per SM, by whole rows and by 128-byte pieces (a swizzled tile by 128-byte tensor
+    # copies takes 9 per row); one program per token, 1 CTA per SM (sixty-third session)
+    "prefill": [
+        (f"bf16 prefill{g}", 4096, "bf16",
+         [(1, 2, 2, 0, (0, 1), 0, 4), (1, 3, 2, 0, (0, 1), 0, 4), (1, 3, 3, 1, (0, ), 0, 4),
+          (1, 2, 2, 0, (0, ), 0, 4, 128), (1, 2, 2, 1, (0, ), 0, 4, 128), (1, 3, 3, 1, (0, 1), 0, 4, 128)],
+         (1, 131072, bool(g))) for g in ("", " grouped")
     ],
     "call 1": [
         ("fp8 656 B, 64 tokens", 64, "fp8_ds_mla",
@@ -408,27 +433,34 @@ def main(which):
     dev = "cuda"
     ms_of = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")  # noqa: E731
     table = []
-    for name, T, fmt, configs in CASES[which]:
-        _, kv, idx = mla_inputs(T, 16, 2048, T, 32768, fmt, dev=dev)
+    for name, T, fmt, configs, *where in CASES[which]:
+        nreq, s_kv, grouped = where[0] if where else (T, 32768, False)
+        _, kv, idx = mla_inputs(T, 16, 2048, nreq, s_kv, fmt, dev=dev)
         words = kv.reshape(-1, kv.shape[-1]).view(torch.int32)
+        if grouped:  # the lists as sparse_mla takes them for many tokens over a large cache (dsa.mla.order)
+            from dsa.mla.order import order_indices
+
+            idx = order_indices(idx, words.shape[0])
         nbytes = float(T * 2048 * words.shape[1] * 4)
         ref = torch.empty(T, 2048, dtype=torch.int32, device=dev)
         rows_sum(words, idx, ref, 32, 16, 3, 8)
         valid = (idx >= 0) & (idx < words.shape[0])
         ms = ms_of(lambda: rows_sum(words, idx, ref, 32, 16, 3, 8))
         table.append((name, "walk (Triton loads): 16 splits, 8 warps, tile 32", ms, nbytes))
-        for splits, stages, lw, alt, modes, math, cw in configs:
+        for splits, stages, lw, alt, modes, math, cw, *piece in configs:
+            piece = piece[0] if piece else None
             for consume in modes:
                 out = torch.full((T, 2048), -7, dtype=torch.int32, device=dev)
                 label = (f"{splits} sp, {stages} st, {lw} ldr{' alt' if alt else ''}, {cw} cons "
-                         + ("reads" if consume else "waits") + (f" + {math * BN.value // 2} FMA clk" if math else ""))
+                         + ("reads" if consume else "waits") + (f" + {math * BN.value // 2} FMA clk" if math else "")
+                         + (f", {piece} B copies" if piece else ""))
                 try:
-                    bulk_walk(words, idx, out, splits, stages, consume, lw, alt, math, cw)
+                    bulk_walk(words, idx, out, splits, stages, consume, lw, alt, math, cw, piece)
                     torch.cuda.synchronize()
                     if consume:
                         bad = int(((out != ref) & valid).sum())
                         assert bad == 0, f"{bad} of {int(valid.sum())} row sums differ from the walk's"
-                    ms = ms_of(lambda: bulk_walk(words, idx, out, splits, stages, consume, lw, alt, math, cw))
+                    ms = ms_of(lambda: bulk_walk(words, idx, out, splits, stages, consume, lw, alt, math, cw, piece))
                 except Exception as e:  # report and go on
                     print(f"  {name}, {label}: {type(e).__name__}: {e}"[:300], flush=True)
                     continue
@@ -447,7 +479,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.compile_only:
         for args in ((656, 2, 0), (656, 4, 1), (656, 4, 0, 2), (1152, 3, 1), (656, 4, 1, 4, 1, 64, 8),
-                     (656, 3, 1, 3, 1)):
+                     (656, 3, 1, 3, 1), (1152, 3, 1, 3, 1, 0, 4, 128), (1152, 2, 0, 2, 0, 0, 4, 128)):
             compile_only(*args)
     else:
         main(a.which)

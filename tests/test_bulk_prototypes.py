@@ -15,7 +15,8 @@ import torch
 from utils import BENCHMARKS, compiled_in_subprocess
 
 _COMPILE = r"""
-for name, args in (("walk fp8", (656, 4, 1, 4, 1)), ("walk bf16", (1152, 3, 1))):
+for name, args in (("walk fp8", (656, 4, 1, 4, 1)), ("walk bf16", (1152, 3, 1)), ("walk bf16 alt", (1152, 3, 1, 3, 1)),
+                   ("walk bf16 128 B", (1152, 3, 1, 3, 1, 0, 4, 128))):
     k = G.compile_only(*args)
     out[name] = dict(G.sass_counts(k, PRE), bulk_ptx=k.asm["ptx"].count("cp.async.bulk.shared"))
 """
@@ -26,9 +27,13 @@ def test_prototypes_compile_for_sm90():
     c = compiled_in_subprocess(_COMPILE, _PRE)
     for name, counts in c.items():
         assert counts.get("UBLKCP.S.G", 0) > 0, (name, counts)  # the rows go in by bulk copies
-    for name in ("walk fp8", "walk bf16"):
+    for name in c:
         assert "STL" not in c[name] and "LDL" not in c[name], (name, c[name])
     assert c["walk fp8"]["bulk_ptx"] >= 1 and c["walk bf16"]["bulk_ptx"] >= 1
+    # a 1152-byte row by 128-byte pieces: nine copies (a multiple of nine in the PTX, each of the three loaders with
+    # at least one row's nine; the compiler repeats the loop body as it likes)
+    n = c["walk bf16 128 B"]["bulk_ptx"]
+    assert n % 9 == 0 and n >= 27 and c["walk bf16 alt"]["bulk_ptx"] >= 3, c
 
 
 def test_poisoned_case():
