@@ -24,7 +24,7 @@ from test_mla import assert_matches, make_case, max_abs_v
 from utils import ON_GPU, poison_
 
 CPU_SEEDS = range(6)
-GPU_SEEDS = range(64)
+GPU_SEEDS = range(160)
 
 
 def fuzz_config(seed: int, gpu: bool) -> dict:
