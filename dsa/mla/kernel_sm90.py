@@ -455,7 +455,6 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
-        p_slot = p_smem.index(0)
         sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(kn, q_nope_smem.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
@@ -465,7 +464,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
             m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
             ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
             p = gl.exp2(sc - gl.expand_dims(ref, 0))
-            p_slot.store(p.to(gl.bfloat16))
+            p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
             m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -480,21 +479,21 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
                 p = gl.exp2(sc - gl.expand_dims(m_use, 0))
                 l_2d = l_2d * gl.expand_dims(alpha, 0) + p
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))[None, :]
-                p_slot.store(p.to(gl.bfloat16))
+                p_smem.store(p.to(gl.bfloat16))
                 fence_async_shared()
                 gl.thread_barrier()
                 m_i = m_new
             else:
                 l_2d = l_2d + p
-            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_slot, acc, is_async=True)
+            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)
         else:
             p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
 
-            p_slot.store(p.to(gl.bfloat16))
+            p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
-            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_slot, acc * alpha_o[None, :], is_async=True)
+            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc * alpha_o[None, :], is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
@@ -943,8 +942,8 @@ def _sparse_mla_sm90_kernel(
         k_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, DR], sh)
         if BH == 64:
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], sh)
-        else:  # P^T (one slot)
-            p_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BN, BH],
+        else:  # P^T
+            p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH],
                                                gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
             m_smem = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
