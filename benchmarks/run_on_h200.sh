@@ -31,9 +31,14 @@ N=${WORKERS:-16}  # (the machine's 16 CPU cores: an empty Triton cache makes the
 STAGES=" ${STAGES:-tests run bench power decode plans engine} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 # (tests/test_targets.py compiles for other GPUs on the CPU, 4-6 CPU-minutes: CI runs it, this call leaves it out)
+# (the drawn-configuration tests run apart, at 4 workers: 16 processes each holding a many-token case ran the GPU out
+# of memory, 40 of 167 sparse-MLA draws on an H100 in the sixty-fourth session; at 4 workers all passed in 34 s)
 if on tests; then
   timeout "${TEST_LIMIT:-330}" python3 -m pytest -q -n "$N" -p no:cacheprovider -p no:benchmark --durations=20 tests \
-    -k "not portable_kernels_compile_and_fit" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log"
+    -k "not portable_kernels_compile_and_fit" --ignore-glob='tests/test_*_fuzz.py' > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest.log"
+  timeout 300 python3 -m pytest -q -n 4 -p no:cacheprovider -p no:benchmark tests/test_*_fuzz.py \
+    >> "$OUT/pytest.log" 2>&1; echo "pytest (drawn configurations) rc=$?" >> "$OUT/pytest.log"
 fi
 if on run; then
   TRITON_CACHE_DIR=/tmp/triton_cache_empty timeout 200 python3 -m dsa run --no-progress > "$OUT/run_triton_cold.txt" 2>&1
