@@ -42,6 +42,13 @@ def fuzz_config(seed: int, gpu: bool) -> dict:
 
 def run_case(seed: int, gpu: bool):
     cfg = fuzz_config(seed, gpu)
+    try:
+        _check(seed, cfg)
+    except AssertionError as e:  # the configuration with the failure, as the module's docstring promises
+        raise AssertionError(f"seed {seed} (gpu={gpu}): {cfg}: {e}") from e
+
+
+def _check(seed: int, cfg: dict):
     lens, next_n = cfg["lens"], cfg["next_n"]
     g = gen(9000 + seed)
     max_len = max(lens) + cfg["extra_width"]
