@@ -29,7 +29,7 @@ from dsa.model.config import ModelConfig
 from dsa.model.generate import _Req, _run_step, generate, prefill_logits
 from dsa.model.layers import RotaryEmbedding
 from dsa.model.loader import SafetensorsFile, hf_state_dict, load_model, save_safetensors
-from dsa.model.metadata import RequestSpec, build_step_metadata
+from dsa.model.metadata import RequestSpec, build_step_metadata, indexer_slots
 from dsa.model.tiny import TINY_CONFIG, make_tiny_model, random_model, tiny_config
 
 REF = "reference"
@@ -123,7 +123,8 @@ def test_metadata_builder_mixed_batch():
             RequestSpec(9, 1, [0, 5, 9]),  # decode, L = 10
             RequestSpec(5, 4, [3, 4, 8]),  # chunked prefill: 5 cached + 4 new
             RequestSpec(2, 1, [6])]  # decode, L = 3
-    md = build_step_metadata(reqs, block_size=bs, index_topk=topk, num_slots=40, backend=REF)
+    md = build_step_metadata(reqs, block_size=bs, index_topk=topk, backend=REF)
+    sl = indexer_slots(md, 40)
     assert md.order == [1, 3, 0, 2]
     assert (md.num_decodes, md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens) == (2, 2, 2, 10)
     assert md.query_start_loc.tolist() == [0, 1, 2, 8, 12]
@@ -133,12 +134,12 @@ def test_metadata_builder_mixed_batch():
     assert md.req_id.tolist() == [0, 1] + [2] * 6 + [3] * 4
     ordered = [reqs[i] for i in md.order]
     want_slots = [ordered[r].block_ids[p // bs] * bs + p % bs for r, p in zip(md.req_id.tolist(), pos)]
-    assert md.slot_mapping.tolist() == want_slots == md.slot_mapping_dump.tolist()
+    assert md.slot_mapping.tolist() == want_slots == sl.slot_mapping.tolist()
     assert md.block_table.tolist() == [[0, 5, 9], [6, -1, -1], [7, 2, -1], [3, 4, 8]]
     assert md.decode_context_lens.tolist() == [10, 3] and md.max_decode_context_len == 12  # (whole blocks)
-    assert md.decode_key_slots[1].tolist() == [24, 25, 26] + [40] * 9  # padding -> dump row
+    assert sl.decode_keys[1].tolist() == [24, 25, 26] + [40] * 9  # padding -> dump row
     assert md.prefill_cu_seq_lens.tolist() == [0, 6, 15] and md.num_prefill_keys == 15
-    assert md.prefill_key_slots.tolist() == [28, 29, 30, 31, 8, 9] + [12, 13, 14, 15, 16, 17, 18, 19, 32]
+    assert sl.prefill_keys.tolist() == [28, 29, 30, 31, 8, 9] + [12, 13, 14, 15, 16, 17, 18, 19, 32]
     assert md.last_token_index.tolist() == [0, 1, 7, 11]
     assert md.sparse_seqlens.tolist() == [min(p + 1, topk) for p in pos]
     # one chunk with the default budget: ks/ke absolute over the gathered prefill keys
@@ -146,6 +147,47 @@ def test_metadata_builder_mixed_batch():
     assert (ch.start, ch.end, ch.key_start, ch.key_end) == (0, 10, 0, 15)
     assert ch.ks.tolist() == [0] * 6 + [6] * 4
     assert ch.ke.tolist() == [1, 2, 3, 4, 5, 6, 12, 13, 14, 15]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_indexer_slots_equal_the_block_tables(seed):
+    """The bf16 indexer's slot lists, computed on the device from the step's block table (``indexer_slots``), hold
+    what a loop over each request's blocks gives: random mixes of decodes (``next_n`` 1 or 2) and prefills, block
+    sizes 1-64, requests with more blocks than they fill, and slots past a decode's length on the dump row."""
+    import dataclasses
+    import random
+
+    rnd = random.Random(seed)
+    bs = rnd.choice([1, 4, 16, 64])
+    next_n = rnd.choice([1, 2])
+    num_blocks = 300
+    free = rnd.sample(range(num_blocks), num_blocks)
+    reqs = []
+    for _ in range(rnd.randint(1, 7)):
+        new = next_n if rnd.random() < 0.5 else rnd.randint(1, 40)
+        L = rnd.randint(0, 150) + new
+        nblk = -(-L // bs) + rnd.randint(0, 2)
+        if nblk > len(free):
+            break
+        reqs.append(RequestSpec(L - new, new, [free.pop() for _ in range(nblk)]))
+    md = build_step_metadata(reqs, block_size=bs, index_topk=8, next_n=next_n, backend=REF)
+    num_slots = num_blocks * bs
+    sl = indexer_slots(md, num_slots)
+    ordered = [reqs[i] for i in md.order]
+
+    def slot(r, p):
+        return r.block_ids[p // bs] * bs + p % bs
+
+    want_dec = [[slot(r, p) if p < r.num_computed + r.num_new else num_slots for p in range(md.max_decode_context_len)]
+                for r in ordered[:md.num_decodes]]
+    want_pre = [slot(r, p) for r in ordered[md.num_decodes:] for p in range(r.num_computed + r.num_new)]
+    assert sl.decode_keys.dtype == sl.prefill_keys.dtype == sl.slot_mapping.dtype == torch.int64
+    assert sl.decode_keys.tolist() == want_dec and sl.prefill_keys.tolist() == want_pre
+    assert sl.slot_mapping.tolist() == md.slot_mapping.tolist()
+    skipped = md.slot_mapping.clone()
+    skipped[0] = -1  # a skipped token's key goes to the dump row
+    sl = indexer_slots(dataclasses.replace(md, slot_mapping=skipped), num_slots)
+    assert sl.slot_mapping.tolist() == [num_slots] + md.slot_mapping.tolist()[1:]
 
 
 def test_metadata_chunks_respect_budget():
@@ -293,7 +335,7 @@ def test_mtp_decode_next_n2_and_nan_poison(model_bf16, model_fp8, mode):
     for r, p in zip(reqs, ps):
         r.tokens += p[-2:]
     specs = [RequestSpec(r.num_computed, 2, r.blocks) for r in reqs]
-    md = build_step_metadata(specs, block_size=16, index_topk=TOPK, next_n=2, num_slots=cache.num_slots, backend=REF)
+    md = build_step_metadata(specs, block_size=16, index_topk=TOPK, next_n=2, backend=REF)
     assert md.num_decodes == 2 and md.num_prefills == 0
     ids = torch.tensor([t for r in reqs for t in r.tokens[-2:]])
     lg = m.logits(m(ids, md, cache))
@@ -330,7 +372,7 @@ def test_api_validation(model_bf16, tmp_path):
         generate(m, [[]], 2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(m, [[1]], -1)
-    md = build_step_metadata([RequestSpec(0, 3, [0])], block_size=16, index_topk=TOPK, num_slots=32, backend=REF)
+    md = build_step_metadata([RequestSpec(0, 3, [0])], block_size=16, index_topk=TOPK, backend=REF)
     from dsa.model.model import PagedKVCache
 
     fp8_cache = PagedKVCache(m.config, 2, 16, kv_format="fp8_ds_mla", indexer_dtype="fp8")
@@ -338,8 +380,6 @@ def test_api_validation(model_bf16, tmp_path):
         m(torch.tensor([1, 2, 3]), md, fp8_cache)
     with pytest.raises(ValueError, match="block_size"):
         m(torch.tensor([1, 2, 3]), md, m.new_cache(4, 8))
-    with pytest.raises(ValueError, match="num_slots"):
-        m(torch.tensor([1, 2, 3]), md, m.new_cache(4, 16))  # md built for 32 slots, cache has 64
     with pytest.raises(RuntimeError, match="out of blocks"):
         m.new_cache(2, 16).allocate(3)
     os.makedirs(tmp_path / "empty")
@@ -440,7 +480,7 @@ def _run_our_layer(m, i, cap, S, block_size=16):
     """Our layer i on transformers' inputs of layer i: (attention output, indexer selection)."""
     cache = m.new_cache(-(-S // block_size) + 1, block_size)
     md = build_step_metadata([RequestSpec(0, S, list(range(-(-S // block_size))))], block_size=block_size,
-                             index_topk=TOPK, num_slots=cache.num_slots, backend=m.backend)
+                             index_topk=TOPK, backend=m.backend)
     rope = m.model.rotary_emb(md.positions)
     attn = m.model.layers[i].self_attn
     attn.indexer.record = True

@@ -9,13 +9,12 @@ a request's cache. Every shape inside the graph is fixed per bucket:
 * the block tables are padded to ``max_blocks = ceil(max_model_len / block_size)`` columns;
 * the decode indexer logits are ``max_blocks * block_size`` wide (``max_decode_context_len`` is
   fixed; each row is limited by its device-side context length);
-* the step metadata lives in static tensors that each replay overwrites: with the fp8 indexer they
-  are views of one packed int32 and one int64 buffer, written by two host-to-device copies (the
-  values of :func:`~dsa.model.build_step_metadata` on the padded step, built here directly, and
-  the step's token ids);
-  with the bf16 indexer the padded metadata is built and copied field by field.
+* the step metadata lives in static tensors that each replay overwrites: views of one packed int32 and one int64
+  buffer, written by two host-to-device copies (the values of :func:`~dsa.model.build_step_metadata` on the padded
+  step, built here directly, and the step's token ids); with the bf16 indexer the graph derives its slot lists from
+  them on the device (:func:`~dsa.model.metadata.indexer_slots`).
 
-With the fp8 indexer a graph also takes each row's token from the device, and picks the next tokens on it: a row
+A graph also takes each row's token from the device, and picks the next tokens on it: a row
 whose ``src`` field is ``>= 0`` reads its id from row ``src`` of :attr:`DecodeGraphRunner.last_tok` (the tokens the
 previous graph step picked, never read back by the host in between), and every replay ends by writing there the
 tokens :func:`~dsa.sampling.sample_tokens` picks from its logits (greedy, or sampled with each row's ``seed``
@@ -29,12 +28,10 @@ check the padding, the static metadata and the static MoE.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
-from ..model.metadata import RequestSpec, StepMetadata, build_step_metadata
+from ..model.metadata import StepMetadata
 from ..sampling import sample_tokens
 
 
@@ -107,7 +104,7 @@ class DecodeGraphRunner:
         self.pad_block = pad_block
         self.capture = capture
         self.max_logits_bytes = max_logits_bytes
-        #: how each replay (fp8 indexer) picks the tokens it leaves in :attr:`last_tok` (fixed when captured):
+        #: how each replay picks the tokens it leaves in :attr:`last_tok` (fixed when captured):
         #: greedy at ``temperature <= 0``, else sampled with each row's seed (:func:`sample_tokens`)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.device = model.lm_head.weight.device
@@ -115,7 +112,7 @@ class DecodeGraphRunner:
         self._host: dict = {}  # bucket -> (host int32, host int64, device int32, device int64) packed metadata
         self._copied: dict = {}  # bucket -> CUDA event after the last host-to-device copy of the packed metadata
         self._pool = None
-        #: the tokens the last graph step picked (fp8 indexer), rows as its batch: the next step's ``src`` reads them
+        #: the tokens the last graph step picked, rows as its batch: the next step's ``src`` reads them
         self.last_tok = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
         self._tok_host = [torch.zeros(self.max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
@@ -135,26 +132,7 @@ class DecodeGraphRunner:
                 return b
         raise ValueError(f"decode batch {n} exceeds the largest bucket {self.buckets[-1]}")
 
-    # -- fixed-shape metadata -------------------------------------------------------
-    def _metadata(self, specs: list) -> StepMetadata:
-        m = self.model
-        num_slots = self.cache.num_slots if m.indexer_dtype == "bf16" else None
-        md = build_step_metadata(specs, block_size=self.bs, index_topk=m.config.index_topk, device=self.device,
-                                 max_logits_bytes=self.max_logits_bytes, num_slots=num_slots, backend=m.backend)
-        if md.num_prefills or md.order != list(range(len(specs))):
-            raise RuntimeError("DecodeGraphRunner: expected a pure decode step")
-        R = md.num_reqs
-        bt = torch.full((R, self.max_blocks), -1, dtype=torch.int32, device=self.device)
-        bt[:, : md.block_table.shape[1]] = md.block_table
-        md = dataclasses.replace(md, block_table=bt, decode_block_table=bt[: md.num_decodes],
-                                 prefill_block_table=bt[md.num_decodes:], max_decode_context_len=self.max_ctx)
-        if num_slots is not None:
-            dks = torch.full((md.num_decodes, self.max_ctx), num_slots, dtype=torch.int64, device=self.device)
-            dks[:, : md.decode_key_slots.shape[1]] = md.decode_key_slots
-            md.decode_key_slots = dks
-        return md
-
-    # -- the fast path (fp8 indexer): the whole static metadata in two packed buffers -------------
+    # -- the static metadata in two packed buffers -------------------------------------------------
     @staticmethod
     def _packed_layout(B: int, MB: int) -> tuple:
         """(int32 field sizes, their offsets, int32 total, int64 field size, its offsets, int64 total) of the
@@ -255,46 +233,22 @@ class DecodeGraphRunner:
             evt = self._copied.setdefault(bucket, torch.cuda.Event())
             evt.record()
 
-    @property
-    def fast(self) -> bool:
-        return self.model.indexer_dtype != "bf16"  # the bf16 indexer needs its per-key slot lists
-
-    def _padded_specs(self, specs: list, bucket: int) -> list:
-        return list(specs) + [RequestSpec(0, 1, [self.pad_block]) for _ in range(bucket - len(specs))]
-
-    @staticmethod
-    def _copy_md(dst: StepMetadata, src: StepMetadata) -> None:
-        for f in dataclasses.fields(StepMetadata):
-            a, b = getattr(dst, f.name), getattr(src, f.name)
-            if isinstance(a, torch.Tensor):
-                if a.shape != b.shape:
-                    raise RuntimeError(f"DecodeGraphRunner: static {f.name} {tuple(a.shape)} != {tuple(b.shape)}")
-                a.copy_(b)
-            elif f.name not in ("order", "prefill_chunks") and a != b:
-                raise RuntimeError(f"DecodeGraphRunner: static {f.name} {a!r} != {b!r}")
-
-    def _forward(self, ids, md, src=None, seeds=None):
-        """The step (captured once per bucket). With ``src``: the ids of rows with ``src >= 0`` from
-        :attr:`last_tok` first, and the picked tokens (``seeds``: each row's) into :attr:`last_tok` last."""
-        if src is not None:
-            ids = torch.where(src >= 0, self.last_tok[src.clamp(min=0)], ids)
+    def _forward(self, ids, md, src, seeds):
+        """The step (captured once per bucket): the ids of rows with ``src >= 0`` from :attr:`last_tok` first, and
+        the picked tokens (``seeds``: each row's) into :attr:`last_tok` last."""
+        ids = torch.where(src >= 0, self.last_tok[src.clamp(min=0)], ids)
         with _StaticExperts(self.model):
             hidden = self.model(ids, md, self.cache)
         logits = self.model.logits(hidden[md.last_token_index])
-        if src is not None:
-            sample_tokens(logits, seeds, self.temperature, self.top_p, out=self.last_tok[:logits.shape[0]],
-                          backend=self.model.backend)
+        sample_tokens(logits, seeds, self.temperature, self.top_p, out=self.last_tok[:logits.shape[0]],
+                      backend=self.model.backend)
         return logits
 
     def _get(self, bucket: int):
         if bucket in self._graphs:
             return self._graphs[bucket]
-        if self.fast:
-            md, ids, src, seeds = self._packed(bucket)
-            self._fill_packed([], bucket)  # all rows: padding (touch the scratch block only)
-        else:
-            md = self._metadata(self._padded_specs([], bucket))
-            ids, src, seeds = torch.zeros(bucket, dtype=torch.long, device=self.device), None, None
+        md, ids, src, seeds = self._packed(bucket)
+        self._fill_packed([], bucket)  # all rows: padding (touch the scratch block only)
         graph, logits = None, None
         if self.capture:
             s = torch.cuda.Stream(self.device)
@@ -322,21 +276,15 @@ class DecodeGraphRunner:
     @torch.no_grad()
     def run(self, specs: list, token_ids: list, src=None, seeds=None) -> torch.Tensor:
         """Decode ``specs`` (each ``num_new == 1``, in this order) fed ``token_ids``: fp32 logits ``[B, V]``.
-        ``src`` (fp8 indexer only): per row, the row of the previous graph step's tokens (:attr:`last_tok`) to
-        take its id from instead, or -1. ``seeds`` (fp8 indexer, sampled): per row, the seed of its next token
+        ``src``: per row, the row of the previous graph step's tokens (:attr:`last_tok`) to
+        take its id from instead, or -1. ``seeds`` (sampled): per row, the seed of its next token
         (:func:`~dsa.sampling.row_seed`). The tokens picked land in :attr:`last_tok` (:meth:`fetch_tokens`).
         Does not wait for the GPU."""
         B = len(specs)
         bucket = self.bucket_for(B)
         self.num_padded_steps += bucket > B
         graph, ids, md_s, logits, _, _ = self._get(bucket)
-        if self.fast:  # (ids, src and seeds are fields of the packed buffers)
-            self._fill_packed(specs, bucket, token_ids, src or (), seeds or ())
-        else:
-            if src is not None and any(j >= 0 for j in src):
-                raise ValueError("DecodeGraphRunner: token ids from the device need the fp8 indexer's packed step")
-            self._copy_md(md_s, self._metadata(self._padded_specs(specs, bucket)))
-            ids.copy_(torch.tensor(list(token_ids) + [0] * (bucket - B), dtype=torch.long), non_blocking=False)
+        self._fill_packed(specs, bucket, token_ids, src or (), seeds or ())  # (ids, src, seeds: packed fields)
         if graph is None:
             logits = self._forward(ids, md_s, *self._graphs[bucket][4:])
         else:
@@ -345,7 +293,7 @@ class DecodeGraphRunner:
         return logits[:B]
 
     def fetch_tokens(self, n: int) -> tuple:
-        """Start copying the last graph step's ``n`` tokens (fp8 indexer) to the host: ``(host int64 [n], CUDA
+        """Start copying the last graph step's ``n`` tokens to the host: ``(host int64 [n], CUDA
         event or None)``; the values are there once the event is done. Two host buffers take turns: read each before
         the second call after it."""
         k = self._tok_flip

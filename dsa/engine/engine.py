@@ -17,8 +17,8 @@ request added is drawn with :func:`~dsa.sampling.row_seed` ``(seed, i, k)``, so 
 A pure-decode step on a GPU replays a CUDA graph (:mod:`dsa.engine.cuda_graph`) when the model
 allows it.
 
-With ``async_decode`` (the default) graph steps over the fp8 indexer do not wait for their tokens, greedy or
-sampled (the graph picks them): a step launches its graph, whose rows take the previous step's tokens on the
+With ``async_decode`` (the default) graph steps do not wait for their tokens, greedy or sampled (the graph picks
+them): a step launches its graph, whose rows take the previous step's tokens on the
 device, and only then reads the previous step's tokens (long done), so the host schedules and writes step N + 1
 while the GPU runs step N. A token picked by the graph is a placeholder (-1) in ``tokens`` and ``output`` until
 it is read. A request whose last token is in flight is not scheduled again; one that stops at EOS
@@ -59,7 +59,7 @@ class EngineConfig:
     check_max_tokens: int = 4096  # largest step re-run by check
     check_decode_every: int = 64
     greedy: bool = True
-    #: CUDA-graph decode steps (fp8 indexer) read their tokens a step late (see the module's docstring)
+    #: CUDA-graph decode steps read their tokens a step late (see the module's docstring)
     async_decode: bool = True
     temperature: float = 1.0  # (with greedy=False; <= 0 is greedy)
     top_p: float = 1.0
@@ -218,7 +218,7 @@ class Engine:
             r.num_computed += n
             if r.num_computed == len(r.tokens):
                 rows.append((j, r))
-        if use_graph and self.graph.fast:  # the graph picked them (as in an async step)
+        if use_graph:  # the graph picked them (as in an async step)
             host, evt = self.graph.fetch_tokens(len(sched))
             if evt is not None:
                 evt.synchronize()
@@ -245,7 +245,7 @@ class Engine:
         return rec
 
     def _async_ok(self, check: bool) -> bool:
-        return self.cfg.async_decode and self.graph is not None and self.graph.fast and not check
+        return self.cfg.async_decode and self.graph is not None and not check
 
     def _seed(self, r) -> int:
         """The seed of request ``r``'s next new token (its ``len(r.output)``-th)."""
@@ -315,9 +315,7 @@ class Engine:
     def _metadata(self, sched, specs):
         m = self.model
         md = build_step_metadata(specs, block_size=self.cfg.block_size, index_topk=m.config.index_topk,
-                                 device=self.device, max_logits_bytes=self.cfg.max_logits_bytes,
-                                 num_slots=self.cache.num_slots if m.indexer_dtype == "bf16" else None,
-                                 backend=m.backend)
+                                 device=self.device, max_logits_bytes=self.cfg.max_logits_bytes, backend=m.backend)
         # from the specs: valid before and after the step advanced num_computed
         ids = []
         for i in md.order:

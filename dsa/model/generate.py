@@ -33,9 +33,7 @@ def _run_step(model, cache, reqs: list, block_size: int, max_logits_bytes: int, 
     specs = [RequestSpec(r.num_computed, len(r.tokens) - r.num_computed, r.blocks) for r in reqs]
     dev = model.lm_head.weight.device
     md = build_step_metadata(specs, block_size=block_size, index_topk=model.config.index_topk, device=dev,
-                             max_logits_bytes=max_logits_bytes,
-                             num_slots=cache.num_slots if model.indexer_dtype == "bf16" else None,
-                             backend=model.backend)
+                             max_logits_bytes=max_logits_bytes, backend=model.backend)
     ids = torch.tensor([t for i in md.order for t in reqs[i].tokens[reqs[i].num_computed:]],
                        dtype=torch.long, device=dev)
     hidden = model(ids, md, cache)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from ..constants import INDEXER_HEAD_DIM, INDEXER_NUM_HEADS, INDEXER_ROPE_DIM, KV_LORA_RANK, ROPE_DIM
 from .config import ModelConfig, yarn_get_mscale
+from .metadata import indexer_slots
 
 INDEXER_DTYPES = ("fp8", "bf16")
 KV_FORMATS = ("bf16", "fp8_ds_mla")
@@ -219,14 +220,15 @@ class Indexer(nn.Module):
             k = self._bf16_k(k, rope)
             w = w * (self.n_heads ** -0.5)
             kc = cache.indexer_bf16
-            kc.index_copy_(0, md.slot_mapping_or_dump(kc.shape[0] - 1), k)
+            sl = md.indexer_slots if md.indexer_slots is not None else indexer_slots(md, kc.shape[0] - 1)
+            kc.index_copy_(0, sl.slot_mapping, k)
             if md.num_decodes:
-                keys = kc[md.decode_key_slots_or_dump(kc.shape[0] - 1)]  # [B, maxL, 128]
+                keys = kc[sl.decode_keys]  # [B, maxL, 128]
                 logits = _bf16_decode_logits(q[:nd], keys, w[:nd], md, self.head_dim ** -0.5)
                 pieces.append(top_k_indices(logits, self.index_topk, seq_lens=md.decode_context_lens,
                                             next_n=md.next_n, backend=self.backend))
             if md.num_prefills:
-                keys_all = kc[md.prefill_key_slots]  # [N, 128]
+                keys_all = kc[sl.prefill_keys]  # [N, 128]
                 for ch in md.prefill_chunks:
                     a, b = nd + ch.start, nd + ch.end
                     logits = _bf16_prefill_logits(q[a:b], keys_all[ch.key_start:ch.key_end], w[a:b], ch.ks, ch.ke,

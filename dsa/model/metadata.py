@@ -91,25 +91,42 @@ class StepMetadata:
     prefill_block_table: torch.Tensor  # [P, max_blocks] int32
     num_prefill_keys: int
     prefill_chunks: list = field(default_factory=list)
-    # the bf16 indexer's side cache (rows = slots, plus one dump row at index num_slots)
-    num_slots: int | None = None
-    slot_mapping_dump: torch.Tensor | None = None  # [T] int64, negatives -> num_slots
-    decode_key_slots: torch.Tensor | None = None  # [B, max_decode_context_len] int64, padding -> num_slots
-    prefill_key_slots: torch.Tensor | None = None  # [num_prefill_keys] int64
+    #: the bf16 indexer's slot lists (:func:`indexer_slots`), set by the model's forward for its layers
+    indexer_slots: "IndexerSlots | None" = None
 
-    # accessors used by the bf16 indexer (dump row = num_slots = cache rows - 1)
-    def slot_mapping_or_dump(self, dump: int) -> torch.Tensor:
-        self._check_dump(dump)
-        return self.slot_mapping_dump
 
-    def decode_key_slots_or_dump(self, dump: int) -> torch.Tensor:
-        self._check_dump(dump)
-        return self.decode_key_slots
+@dataclass
+class IndexerSlots:
+    """The bf16 indexer's slot lists of a step (:func:`indexer_slots`), over its side cache ``[num_slots + 1, 128]``
+    whose last row (``num_slots``, the dump row) absorbs what no slot holds."""
 
-    def _check_dump(self, dump: int) -> None:
-        if self.num_slots != dump:
-            raise ValueError(f"num_slots: the metadata was built for {self.num_slots} cache slots, the bf16 indexer "
-                             f"cache has {dump} (pass num_slots=num_blocks*block_size to build_step_metadata)")
+    slot_mapping: torch.Tensor  # [T] int64: where each new token's key goes (negatives -> num_slots)
+    decode_keys: torch.Tensor  # [B, max_decode_context_len] int64: each decode request's keys by position
+    prefill_keys: torch.Tensor  # [num_prefill_keys] int64: the prefill requests' keys, request after request
+
+
+def indexer_slots(md: StepMetadata, num_slots: int) -> IndexerSlots:
+    """The bf16 indexer's slot lists, computed on ``md``'s device from its block table and lengths (torch ops only:
+    no host work in the step's size, no synchronisation, capturable in a CUDA graph). Position ``p`` of a request
+    with block row ``bt`` is slot ``bt[p // block_size] * block_size + p % block_size``; positions at or past a
+    decode request's length (and the unwritten columns up to ``max_decode_context_len``) give ``num_slots``."""
+    bs = md.block_size
+    dev = md.slot_mapping.device
+    sm = md.slot_mapping
+    sm = torch.where(sm >= 0, sm, num_slots)
+    L = md.max_decode_context_len
+    bt = md.decode_block_table[:, : L // bs].long()
+    p = torch.arange(L, dtype=torch.int64, device=dev)
+    dk = bt[:, p // bs] * bs + p % bs
+    dk = torch.where((p[None, :] < md.decode_context_lens[:, None].long()) & (dk >= 0), dk, num_slots)
+    n, nb = md.num_prefill_keys, md.num_decodes
+    pk = torch.zeros(0, dtype=torch.int64, device=dev)
+    if n:
+        P = md.num_prefills
+        req = torch.repeat_interleave(torch.arange(P, device=dev), md.seq_lens[nb:].long(), output_size=n)
+        pos = torch.arange(n, dtype=torch.int64, device=dev) - md.prefill_cu_seq_lens[:-1].long()[req]
+        pk = md.prefill_block_table.long()[req, pos // bs] * bs + pos % bs
+    return IndexerSlots(sm, dk, pk)
 
 
 def build_step_metadata(
@@ -120,7 +137,6 @@ def build_step_metadata(
     device: torch.device | str = "cpu",
     next_n: int = 1,
     max_logits_bytes: int = 512 << 20,
-    num_slots: int | None = None,
     backend: str | None = None,
 ) -> StepMetadata:
     """Build the metadata of one forward step (see the module docstring).
@@ -132,8 +148,6 @@ def build_step_metadata(
         device: where the tensors go.
         next_n: new tokens of a decode request (MTP; 1 without it).
         max_logits_bytes: budget of one prefill chunk's fp32 indexer logits.
-        num_slots: ``num_blocks * block_size``: also build the slot lists of the bf16 indexer
-            cache (whose row ``num_slots`` absorbs padding).
         backend: for the ops called here (``generate_sparse_seqlen``).
 
     Host work only (Python lists), then one copy of each tensor to ``device``.
@@ -179,9 +193,6 @@ def build_step_metadata(
     T = qsl[-1]
     nd = qsl[nb]
 
-    def slot_of(j, p):
-        return reqs[j].block_ids[p // block_size] * block_size + p % block_size
-
     # prefill ranges over the gathered keys of all prefill requests
     cu, ks, ke = [0], [], []
     for j in range(nb, R):
@@ -217,11 +228,4 @@ def build_step_metadata(
         prefill_cu_seq_lens=torch.tensor(cu, **i32), prefill_block_table=block_table[nb:],
         num_prefill_keys=n_keys, prefill_chunks=chunks,
     )
-    if num_slots is not None:
-        md.num_slots = num_slots
-        md.slot_mapping_dump = torch.tensor([s if s >= 0 else num_slots for s in slots], **i64)
-        maxL = md.max_decode_context_len
-        dks = [[slot_of(j, p) if p < seq_lens[j] else num_slots for p in range(maxL)] for j in range(nb)]
-        md.decode_key_slots = torch.tensor(dks, **i64).view(nb, maxL)
-        md.prefill_key_slots = torch.tensor([slot_of(j, p) for j in range(nb, R) for p in range(seq_lens[j])], **i64)
     return md

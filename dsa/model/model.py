@@ -11,6 +11,8 @@ A step runs on flattened tokens ``[T]`` with a :class:`~dsa.model.metadata.StepM
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from ..constants import D_QK, FP8_DS_MLA_ROW_BYTES, INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
 from .config import ModelConfig
 from .layers import INDEXER_DTYPES, KV_FORMATS, MLAAttention, RMSNorm, RotaryEmbedding
+from .metadata import indexer_slots
 
 
 class MLP(nn.Module):
@@ -205,6 +208,8 @@ class DeepseekV32ForCausalLM(nn.Module):
                              f"the model runs kv_format={self.kv_format!r}, indexer_dtype={self.indexer_dtype!r}")
         if cache.block_size != md.block_size:
             raise ValueError(f"md: built for block_size {md.block_size}, the cache has {cache.block_size}")
+        if self.indexer_dtype == "bf16":  # its slot lists, once for every layer (on the device, capturable)
+            md = dataclasses.replace(md, indexer_slots=indexer_slots(md, cache.num_slots))
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(md.positions)
         for layer, lc in zip(self.model.layers, cache.layers):
