@@ -228,6 +228,23 @@ def test_kernel_walks_past_candidates_outside_the_nucleus(B, V, seed, run):
         assert nucleus_ref(scaled_logits(z, 1.0), top_p).gather(1, got[:, None]).all()
 
 
+@pytest.mark.parametrize("rounds", [0, 1, 3])
+def test_kernel_tokens_do_not_depend_on_the_chunked_rounds(monkeypatch, rounds):
+    """However many later candidates run in chunked rounds before the row's one program walks on (none, fewer or
+    more than the default), the tokens are the reference's: flat rows over three chunks, where rows take from one to
+    about a dozen candidates."""
+    import dsa.sampling.kernel as K
+
+    monkeypatch.setattr(K, "ROUNDS", rounds)
+    B, V = 6, 9000
+    z = (torch.randn(B, V, generator=torch.Generator().manual_seed(13)) * 0.3).to(DEVICE)
+    seeds = _seeds(B, run=7, device=DEVICE)
+    assert torch.equal(sample_tokens(z, seeds, 1.0, 1e-6, backend="triton"), torch.argmax(z, -1))
+    for top_p in (0.05, 0.5, 0.97):
+        assert torch.equal(sample_tokens(z, seeds, 1.0, top_p, backend="triton"),
+                           sample_tokens_ref(z, seeds, 1.0, top_p)), top_p
+
+
 @pytest.mark.parametrize("B,V,seed", [(16, 20000, 11), (3, 129280, 12)])
 def test_kernel_walks_to_candidates_in_a_few_chunks(B, V, seed):
     """Most tokens flat and low, a few hundred high ones in two chunks of the vocabulary (with ties across chunks):
