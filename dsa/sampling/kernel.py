@@ -238,14 +238,14 @@ def _check_chunk(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, cnt
     if tl.atomic_add(cnt + row.to(tl.int64) * NCNT + r, 1, sem="acq_rel", scope="gpu") == S - 1:
         k = tl.arange(0, S_P2)
         ok = k < S
-        cf = chk_f + row.to(tl.int64) * 2 * S + k
-        a = tl.sum(tl.load(cf, mask=ok, other=0.0, cache_modifier=".cg"), 0)
-        nbs = tl.load(cf + S, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        nb = tl.max(nbs, 0)
+        rf = chk_f + row.to(tl.int64) * 2 * S + k
+        a_all = tl.sum(tl.load(rf, mask=ok, other=0.0, cache_modifier=".cg"), 0)
+        nbs = tl.load(rf + S, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        nb_all = tl.max(nbs, 0)
         nis = tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V, cache_modifier=".cg")
-        ni = tl.min(tl.where(nbs == nb, nis, V), 0)
-        go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
-        tl.store(st + row, tl.where(go, ni, -1 - cand))
+        ni_all = tl.min(tl.where(nbs == nb_all, nis, V), 0)
+        go = (m > float("-inf")) & (a_all / s >= top_p) & (nb_all > float("-inf"))
+        tl.store(st + row, tl.where(go, ni_all, -1 - cand))
 
 
 @triton.jit
