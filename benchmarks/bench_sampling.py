@@ -11,7 +11,8 @@ vocabulary). Temperature 0.8. Times: CUDA-graph medians (``triton.testing.do_ben
 how many rows' first candidate (the argmax of ``z + g`` over the whole row) lies outside the nucleus: those rows
 need later candidates, which cost the time above the top-p 1 column. Every kernel configuration's tokens are checked
 against the reference's first ("same" column; a mismatch is a rounding tie at the nucleus' edge, see
-``dsa.sampling.kernel``). GB/s: the logits read once (B x V x 4 bytes) over the kernel's time at top-p 1.
+``dsa.sampling.kernel``). GB/s: the logits read once (B x V x 4 bytes) over the kernel's time at top-p 1, and its
+share of the H200's 4.3 TB/s copy ceiling (``dsa.constants``) on whatever GPU runs it.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
     print(f"sample_tokens over [B, {V}] fp32 logits, T {T}, {name}; CUDA-graph medians, µs; the default ROUNDS is "
           f"{default_rounds}")
     head = " | ".join(f"top-p, ROUNDS {r}" for r in args.rounds)
-    print(f"| rows | B | top-p | rejected | top-p 1 (GB/s, % of copy) | {head} | reference | same |")
+    print(f"| rows | B | top-p | rejected | top-p 1 (GB/s, % of the H200's copy) | {head} | reference | same |")
     print("|---|---|---|---|---|" + "---|" * len(args.rounds) + "---|---|")
     try:
         for kind in args.kinds:

@@ -92,7 +92,7 @@ class StepMetadata:
     num_prefill_keys: int
     prefill_chunks: list = field(default_factory=list)
     #: the bf16 indexer's slot lists (:func:`indexer_slots`), set by the model's forward for its layers
-    indexer_slots: "IndexerSlots | None" = None
+    indexer_slots: IndexerSlots | None = None
 
 
 @dataclass
@@ -112,8 +112,7 @@ def indexer_slots(md: StepMetadata, num_slots: int) -> IndexerSlots:
     decode request's length (and the unwritten columns up to ``max_decode_context_len``) give ``num_slots``."""
     bs = md.block_size
     dev = md.slot_mapping.device
-    sm = md.slot_mapping
-    sm = torch.where(sm >= 0, sm, num_slots)
+    sm = torch.where(md.slot_mapping >= 0, md.slot_mapping, num_slots)
     L = md.max_decode_context_len
     bt = md.decode_block_table[:, : L // bs].long()
     p = torch.arange(L, dtype=torch.int64, device=dev)
