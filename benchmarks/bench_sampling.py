@@ -4,6 +4,7 @@ candidates' chunked rounds (``dsa.sampling.kernel.ROUNDS``) against the one-prog
     python benchmarks/bench_sampling.py                 # [B, 129280] fp32 logits, B 1-256, three kinds of rows
     python benchmarks/bench_sampling.py --rounds 0 2    # only these round counts
     TRITON_INTERPRET=1 python benchmarks/bench_sampling.py --cpu-smoke   # tiny shapes, checks the script itself
+    python benchmarks/bench_sampling.py --count         # any machine: SASS per logit (sm_90) and the issue floor
 
 Rows (seeded by B): ``randn*3`` (``engine_step_split.py``'s logits), ``hot`` (randn plus 8 on 200 random tokens:
 a few tokens hold most of the mass, spread over every chunk), ``flat`` (randn * 0.3: the nucleus is most of the
@@ -13,6 +14,11 @@ need later candidates, which cost the time above the top-p 1 column. Every kerne
 against the reference's first ("same" column; a mismatch is a rounding tie at the nucleus' edge, see
 ``dsa.sampling.kernel``). GB/s: the logits read once (B x V x 4 bytes) over the kernel's time at top-p 1, and its
 share of the H200's 4.3 TB/s copy ceiling (``dsa.constants``) on whatever GPU runs it.
+
+``--count`` (no GPU, no ``TRITON_INTERPRET``) compiles the chunked kernels for sm_90 and counts their SASS
+instructions per logit (:func:`sass_per_logit`; each program's chunk is one block, so the count is what a program
+issues when no branch is skipped), then the time an SM's four schedulers need to issue them for ``[B, 129280]``
+rows at the boost clock: the sampler's floor where the instructions, not the logits' bytes, are the bound.
 """
 from __future__ import annotations
 
@@ -50,6 +56,51 @@ def bench(fn, interpret: bool) -> float:
     return triton.testing.do_bench_cudagraph(fn) * 1e3
 
 
+#: the H200's (and H100 SXM's) boost clock, Hz, and warp instructions an SM issues per clock (four schedulers)
+BOOST_HZ, ISSUE_PER_CLOCK = 1.98e9, 4
+
+
+def sass_per_logit() -> dict:
+    """SASS instructions per logit per thread of pass 1 (top-p 1 and top-p) and of the first candidate's pass,
+    compiled for sm_90 on any machine (run without ``TRITON_INTERPRET``)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bulk_gather import sass_text
+
+    ptrs = {"x_ptr": "*fp32", "seeds_ptr": "*i64", "part_f": "*fp32", "part_i": "*i32", "chk_f": "*fp32",
+            "chk_i": "*i32", "inv_t": "fp32", "top_p": "fp32"}
+    common = dict(U_BITS=K.U_BITS, G_MAX=K.G_MAX, CHUNK=K.CHUNK, BLOCK=K.CHUNK)
+    per_thread = K.CHUNK / (32 * K.CHUNK_WARPS)
+    out = {}
+    for name, fn, consts in (("pass 1, top-p 1", K._sample_partials_kernel, dict(CUT=False)),
+                             ("pass 1, top-p", K._sample_partials_kernel, dict(CUT=True)),
+                             ("first candidate's pass", K._sample_check_kernel, dict(S_P2=32))):
+        consts = {**common, **consts}
+        sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=K.CHUNK_WARPS))
+        n = len(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+\S", sass_text(k), re.M))
+        out[name] = n / per_thread
+    return out
+
+
+def print_counts(batches, V: int = 129280) -> None:
+    from dsa.constants import H200_NUM_SMS
+
+    rate = H200_NUM_SMS * ISSUE_PER_CLOCK * BOOST_HZ  # warp instructions per second
+    counts = sass_per_logit()
+    print(f"SASS per logit (sm_90) and the time to issue them over [B, {V}] rows on {H200_NUM_SMS} SMs at "
+          f"{BOOST_HZ / 1e9:.2f} GHz, µs")
+    print("| kernel | SASS per logit | " + " | ".join(f"B {b}" for b in batches) + " |")
+    print("|---|---|" + "---|" * len(batches))
+    for name, n in counts.items():
+        print(f"| {name} | {n:.1f} | " + " | ".join(f"{b * V * n / 32 / rate * 1e6:.1f}" for b in batches) + " |")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, nargs="+", default=[0, 1, 2, 3])
@@ -57,7 +108,10 @@ def main(argv=None) -> None:
     ap.add_argument("--top-p", type=float, nargs="+", default=[0.95, 0.8])
     ap.add_argument("--kinds", nargs="+", default=["randn*3", "hot", "flat"])
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--count", action="store_true", help="SASS per logit and the issue floor (any machine)")
     args = ap.parse_args(argv)
+    if args.count:
+        return print_counts(args.batches)
     interpret = args.cpu_smoke
     dev = "cpu" if interpret else "cuda"
     V = 9000 if interpret else 129280

@@ -210,3 +210,12 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert {k: v for k, v in cg.items() if k != "ldcg"} == {k: v for k, v in real.items() if k != "ldcg"}
     assert {k: tpr8[k] for k in ("wgmma", "cp", "ex2", "waits")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "waits")}
     assert tpr8 != real
+
+
+def test_sampler_instruction_count_compiles_for_sm90():
+    """``benchmarks/bench_sampling.py --count`` (BENCHMARKS.md, sixty-seventh session): the chunked sampler kernels
+    compile for sm_90 on any machine and their SASS per logit is counted. Pass 1 with top-p adds the softmax sum to
+    pass 1 without it; the first candidate's pass adds the mass ahead to a second hash of the row."""
+    c = compiled_in_subprocess("import bench_sampling as S\nout.update(S.sass_per_logit())", ())
+    assert set(c) == {"pass 1, top-p 1", "pass 1, top-p", "first candidate's pass"}
+    assert 30 < c["pass 1, top-p 1"] < c["pass 1, top-p"] < c["first candidate's pass"] < 400
