@@ -72,14 +72,14 @@ def sass_per_logit() -> dict:
     from bulk_gather import sass_text
 
     ptrs = {"x_ptr": "*fp32", "seeds_ptr": "*i64", "part_f": "*fp32", "part_i": "*i32", "chk_f": "*fp32",
-            "chk_i": "*i32", "inv_t": "fp32", "top_p": "fp32"}
+            "chk_i": "*i32", "cnt": "*i32", "st": "*i32", "inv_t": "fp32", "top_p": "fp32"}
     common = dict(U_BITS=K.U_BITS, G_MAX=K.G_MAX, CHUNK=K.CHUNK, BLOCK=K.CHUNK)
     per_thread = K.CHUNK / (32 * K.CHUNK_WARPS)
     out = {}
     for name, fn, consts in (("pass 1, top-p 1", K._sample_partials_kernel, dict(CUT=False)),
                              ("pass 1, top-p", K._sample_partials_kernel, dict(CUT=True)),
                              ("first candidate's pass", K._sample_check_kernel, dict(S_P2=32))):
-        consts = {**common, **consts}
+        consts = {**common, **consts, **{n: v for n, v in dict(R=0, NCNT=4).items() if n in fn.arg_names}}
         sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=K.CHUNK_WARPS))
