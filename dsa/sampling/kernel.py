@@ -16,19 +16,18 @@ about one row in ``1 / (1 - top_p)**(n + 1)`` (400 at top_p 0.95 and ``n`` 1).
   ``max(z)``, ``sum(exp(z - max))`` (online, rescaled per block; top-p only) and argmax of ``z + g``. Blocks whose
   largest ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the
   logarithms.
-* The candidates' passes (``_sample_check_kernel``, top-p only, one program per chunk, one launch each: the first
-  candidate's mass ahead, then :data:`ROUNDS` pairs of launches). The row's program that finishes a pass last (a
-  counter per row and pass) combines the chunks' results and writes the row's state; in a launch the state does not
-  ask for, a row's programs cost one load each.
-  * Mass ahead: the chunk's ``sum(exp(z - m))`` over the tokens ahead of the candidate (``z`` larger, or equal and
-    a smaller index; ``m`` and ``s`` from pass 1's partials combined in a fixed order). The candidate is accepted
-    when ``a / s < top_p`` (``a`` the chunks' masses summed in order); else it is rejected.
-  * Argmax ahead, only for a rejected candidate: the chunk's argmax of ``z + g`` ahead of it, which is the next
-    candidate (or none is ahead, and the rejected candidate is the token). Rejection is rare (about ``1 - top_p`` of
-    the rows), so most rows hash their logits once, in pass 1.
-* ``_sample_finish_kernel``, one program per row: the token from the row's state; a row still going after the
-  chunked passes (rare: see above) walks its later candidates over the whole row on this one program (``_walk``: a
-  pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
+* The first candidate (``_sample_check_kernel``, top-p only, one program per chunk): the chunks' partials combined
+  in a fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
+  smaller index) and its argmax of ``z + g`` ahead of it.
+* Later candidates (``_sample_round_kernel``, top-p only, :data:`ROUNDS` launches of one program per chunk): each
+  round combines the previous candidate's chunk results; it is accepted when ``a / s < top_p`` (``a`` the chunks'
+  masses ahead, summed in order) or nothing is ahead; else the next candidate is the argmax ahead of it, and the
+  round's programs compute its mass ahead and argmax ahead over their chunks. A row that has its token costs its
+  programs of the later rounds only the loads of its pass-1 partials and state (measured: about 17 µs a round at
+  B 256, where the chunked passes themselves are rare).
+* ``_sample_finish_kernel``, one program per row: the same combination for the last chunked candidate; a row still
+  going after the rounds (rare: see below) walks its later candidates over the whole row on this one program
+  (``_walk``: a pass for each one's mass ahead, and one for the argmax ahead of it only if it is rejected too).
 
 The chunks are a fixed size, so a row's sums, and so its token, never depend on the batch around it. The tokens are
 the reference's except where the candidate's mass ahead lies within the rounding of the two sums (the kernels'
@@ -158,20 +157,22 @@ def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexp
 
 
 @triton.jit
-def _walk(xr, V, inv_t, top_p, m, s, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
           G_MAX: tl.constexpr):
-    """The later candidates on one program, from ``cand`` (the argmax of ``z + g`` ahead of the last rejected one;
-    ``s`` the softmax's sum at max ``m``): a pass for its mass ahead; while it is rejected (``a / s >= top_p``), a
-    pass for the argmax ahead of it, which is the next candidate (while a token is ahead)."""
-    go = True
+    """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
+    softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
+    (``a / s >= top_p``) and a token is ahead, move to that token: one pass for its mass ahead, and one for the
+    argmax ahead of it only when it is rejected too."""
+    go = (m > float("-inf")) & (a / s >= top_p) & (nb > float("-inf"))
     while go:
+        cand = ni
         cz = tl.load(xr + cand).to(tl.float32) * inv_t
         a = _mass_ahead(xr, 0, V, inv_t, m, cz, cand, BLOCK)
         go = a / s >= top_p
+        nb = tl.full([], float("-inf"), tl.float32)
         if go:
             nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
-            go = nb > float("-inf")
-            cand = tl.where(go, ni, cand)
+        go = go & (nb > float("-inf"))
     return cand
 
 
@@ -197,17 +198,13 @@ def _combine(part_f, part_i, row, S, V, S_P2: tl.constexpr, CUT: tl.constexpr):
 
 
 @triton.jit
-def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, cnt, V, inv_t, S,
-                            CHUNK: tl.constexpr, CUT: tl.constexpr, NCNT: tl.constexpr, BLOCK: tl.constexpr,
-                            U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
+                            CHUNK: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                            G_MAX: tl.constexpr):
     """Pass 1, program (row, c) over ``[c * CHUNK, (c + 1) * CHUNK)``: ``part_f [B, 3, S]`` (max, sum, best value)
-    and ``part_i [B, S]`` (best index); with top-p, program 0 zeroes the row's counters of the candidates' chunked
-    passes (``cnt [B, NCNT]``)."""
+    and ``part_i [B, S]`` (best index)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
-    if CUT:
-        if c == 0:
-            tl.store(cnt + row.to(tl.int64) * NCNT + tl.arange(0, NCNT), 0)
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
     lo = c * CHUNK
     m, s, best, best_i = _scan(xr, lo, tl.minimum(lo + CHUNK, V), V, inv_t, s_hi, s_lo, CUT, BLOCK, U_BITS, G_MAX)
@@ -219,111 +216,96 @@ def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, cnt, V
 
 
 @triton.jit
-def _last_of_row(cnt, row, r, S, NCNT: tl.constexpr):
-    """Whether this program is the row's last to finish chunked pass ``r`` (its counter in ``cnt [B, NCNT]``;
-    release: the program's stores before the count; acquire: the last one sees every program's stores)."""
-    return tl.atomic_add(cnt + row.to(tl.int64) * NCNT + r, 1, sem="acq_rel", scope="gpu") == S - 1
-
-
-@triton.jit
-def _mass_chunk(x_ptr, stride_row, seeds_ptr, chk_f, cnt, st, row, c, r, m, s, cand, V, inv_t, top_p, S,
-                S_P2: tl.constexpr, NCNT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """Candidate ``cand``'s mass ahead over chunk ``c`` of the row (``m``, ``s``: the row's max ``z`` and softmax
-    sum) into ``chk_f [B, 2, S]`` (row 0). The row's program that finishes last (pass ``r``) sums the chunks in
-    order and writes the row's state ``st [B]``: ``-1 - cand`` when the candidate is accepted (``a / s < top_p``),
-    else ``V + cand`` (rejected: the argmax ahead of it is the next candidate)."""
-    xr, _, _ = _row(x_ptr, stride_row, seeds_ptr, row)
-    cz = tl.load(xr + cand).to(tl.float32) * inv_t
-    lo = c * CHUNK
-    a = _mass_ahead(xr, lo, tl.minimum(lo + CHUNK, V), inv_t, m, cz, cand, BLOCK)
-    rf = chk_f + row.to(tl.int64) * 2 * S
-    tl.store(rf + c, a)
-    if _last_of_row(cnt, row, r, S, NCNT):
-        k = tl.arange(0, S_P2)
-        a_all = tl.sum(tl.load(rf + k, mask=k < S, other=0.0, cache_modifier=".cg"), 0)
-        rejected = (m > float("-inf")) & (a_all / s >= top_p)
-        tl.store(st + row, tl.where(rejected, V + cand, -1 - cand))
-
-
-@triton.jit
-def _ahead_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, cnt, st, row, c, r, cand, V, inv_t, S,
-                 S_P2: tl.constexpr, NCNT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                 U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """The argmax of ``z + g`` ahead of the rejected candidate ``cand`` over chunk ``c`` of the row into
-    ``chk_f [B, 2, S]`` (row 1, the value) and ``chk_i [B, S]``. The row's program that finishes last (pass ``r``)
-    takes the first argmax over the chunks and writes the row's state: that token, the next candidate, or
-    ``-1 - cand`` when no token is ahead (the candidate is then the token)."""
+def _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V, inv_t, S, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+    """Candidate ``cand``'s pass over chunk ``c`` of the row (``m``: the row's max ``z``): the mass ahead of it and
+    the argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``."""
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
     cz = tl.load(xr + cand).to(tl.float32) * inv_t
     lo = c * CHUNK
-    nb, ni = _argmax_ahead(xr, lo, tl.minimum(lo + CHUNK, V), V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
-    rf = chk_f + row.to(tl.int64) * 2 * S + S
-    tl.store(rf + c, nb)
+    hi = tl.minimum(lo + CHUNK, V)
+    a = _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK)
+    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+    cf = chk_f + row.to(tl.int64) * 2 * S + c
+    tl.store(cf, a)
+    tl.store(cf + S, nb)
     tl.store(chk_i + row.to(tl.int64) * S + c, ni)
-    if _last_of_row(cnt, row, r, S, NCNT):
-        k = tl.arange(0, S_P2)
-        ok = k < S
-        nbs = tl.load(rf + k, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        nb_all = tl.max(nbs, 0)
-        nis = tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V, cache_modifier=".cg")
-        ni_all = tl.min(tl.where(nbs == nb_all, nis, V), 0)
-        tl.store(st + row, tl.where(nb_all > float("-inf"), ni_all, -1 - cand))
 
 
 @triton.jit
-def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, cnt, st, V, inv_t, top_p, S,
-                         R: tl.constexpr, S_P2: tl.constexpr, NCNT: tl.constexpr, CHUNK: tl.constexpr,
+def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
+                         S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
+                         G_MAX: tl.constexpr):
+    """The first candidate's pass (top-p), program (row, c) over its chunk (:func:`_check_chunk`)."""
+    row = tl.program_id(0)
+    m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
+    _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, tl.program_id(1), m, cand, V, inv_t, S, CHUNK,
+                 BLOCK, U_BITS, G_MAX)
+
+
+@triton.jit
+def _combine_check(chk_f, chk_i, row, S, V, S_P2: tl.constexpr):
+    """A candidate's chunked pass combined: (its mass ahead, summed in chunk order; the first argmax of ``z + g``
+    ahead of it: value, index)."""
+    k = tl.arange(0, S_P2)
+    ok = k < S
+    cf = chk_f + row.to(tl.int64) * 2 * S + k
+    a = tl.sum(tl.load(cf, mask=ok, other=0.0), 0)
+    nbs = tl.load(cf + S, mask=ok, other=float("-inf"))
+    nb = tl.max(nbs, 0)
+    ni = tl.min(tl.where(nbs == nb, tl.load(chk_i + row.to(tl.int64) * S + k, mask=ok, other=V), V), 0)
+    return a, nb, ni
+
+
+@triton.jit
+def _sample_round_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, prev_f, prev_i, prev_st, chk_f, chk_i, st,
+                         V, inv_t, top_p, S, FIRST: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr,
                          BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """Chunked pass ``R`` (top-p), program (row, c). Even ``R``: a candidate's mass ahead (:func:`_mass_chunk`),
-    pass 1's argmax of ``z + g`` at ``R`` 0, else the row's state when it holds a candidate (``0 <= st < V``). Odd
-    ``R``: the argmax ahead of the row's rejected candidate (``st >= V``, :func:`_ahead_chunk`). A row whose state
-    asks for the other pass, or holds its token, costs the program one load."""
+    """A later candidate's pass in chunks (top-p), program (row, c). The row's previous candidate (pass 1's when
+    ``FIRST``, else ``prev_st [B]``) and its chunked pass (``prev_f``, ``prev_i``) decide, as :func:`_walk` does,
+    whether it is accepted; program 0 writes the row's state ``st [B]`` int32: the candidate now checked, or
+    ``-1 - token`` once the row has its token (then every later round only loads and copies it). A row still going
+    moves to the argmax ahead of the rejected candidate, and each program writes that candidate's mass ahead and
+    argmax ahead over its chunk into ``chk_f``, ``chk_i`` (the layout of :func:`_sample_check_kernel`'s)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
-    if R == 0:
-        m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
-        _mass_chunk(x_ptr, stride_row, seeds_ptr, chk_f, cnt, st, row, c, R, m, s, cand, V, inv_t, top_p, S, S_P2,
-                    NCNT, CHUNK, BLOCK)
-    elif R % 2 == 0:
-        cand = tl.load(st + row)
-        if (cand >= 0) & (cand < V):
-            m, s, _ = _combine(part_f, part_i, row, S, V, S_P2, True)
-            _mass_chunk(x_ptr, stride_row, seeds_ptr, chk_f, cnt, st, row, c, R, m, s, cand, V, inv_t, top_p, S,
-                        S_P2, NCNT, CHUNK, BLOCK)
+    m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
+    if FIRST:
+        go = m > float("-inf")
+        cand = tl.where(go, cand, -1 - cand)
     else:
-        cand = tl.load(st + row)
-        if cand >= V:
-            _ahead_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, cnt, st, row, c, R, cand - V, V, inv_t, S,
-                         S_P2, NCNT, CHUNK, BLOCK, U_BITS, G_MAX)
+        cand = tl.load(prev_st + row)
+        go = cand >= 0
+    if go:
+        a, nb, ni = _combine_check(prev_f, prev_i, row, S, V, S_P2)
+        go = (a / s >= top_p) & (nb > float("-inf"))
+        cand = tl.where(go, ni, -1 - cand)
+    if c == 0:
+        tl.store(st + row, cand)
+    if go:
+        _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V, inv_t, S, CHUNK, BLOCK, U_BITS,
+                     G_MAX)
 
 
 @triton.jit
-def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, st, out_ptr, V, inv_t, top_p, S,
-                          S_P2: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                          G_MAX: tl.constexpr):
-    """One program per row: without top-p the pass-1 partials combined; with it the row's state after the chunked
-    passes: its token, a candidate from which this one program walks on (:func:`_walk`), or a rejected candidate,
-    whose argmax ahead this program takes first (its mass ahead is not summed again in another order, so the
-    chunked pass's decision stands)."""
+def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, st, out_ptr, V, inv_t, top_p,
+                          S, S_P2: tl.constexpr, CUT: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
+                          U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+    """One program per row: the pass-1 partials combined; with top-p, the last chunked candidate (pass 1's, or
+    after ``ROUNDS`` rounds of :func:`_sample_round_kernel` the one in the row's state ``st``, or its token) and its
+    chunks' results combined, then any later candidates' passes on this one program (:func:`_walk`)."""
     row = tl.program_id(0)
+    m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, CUT)
     if CUT:
-        cand = tl.load(st + row)
-        if cand >= 0:
-            m, s, _ = _combine(part_f, part_i, row, S, V, S_P2, True)
+        go = True
+        if ROUNDS > 0:
+            cand = tl.load(st + row)
+            go = cand >= 0
+            cand = tl.where(go, cand, -1 - cand)
+        if go:
             xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
-            go = cand < V
-            if cand >= V:
-                cand = cand - V
-                cz = tl.load(xr + cand).to(tl.float32) * inv_t
-                nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
-                go = nb > float("-inf")
-                cand = tl.where(go, ni, cand)
-            if go:
-                cand = _walk(xr, V, inv_t, top_p, m, s, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
-        else:
-            cand = -1 - cand
-    else:
-        _, _, cand = _combine(part_f, part_i, row, S, V, S_P2, False)
+            a, nb, ni = _combine_check(chk_f, chk_i, row, S, V, S_P2)
+            cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
     tl.store(out_ptr + row, cand.to(tl.int64))
 
 
@@ -333,37 +315,46 @@ def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, st, out_
 CHUNK = 4096
 CHUNK_WARPS = 8
 ROW_BLOCK, ROW_WARPS = 4096, 16
-#: later candidates in chunks (top-p): each round one launch for the argmax ahead of a rejected candidate and one
-#: for the next candidate's mass ahead, before a row's one program walks on
+#: later candidates' passes in chunks (top-p), each round its own launch, before a row's one program walks on. H100,
+#: [B, 129280] fp32 rows, CUDA graphs (BENCHMARKS.md, sixty-sixth session), µs for 0 / 1 / 2 rounds: B 1 12.4 / 14.2 /
+#: 15.7 (a launch each), B 16 46.3 / 34.4 / 37.0, B 64 at top-p 0.8 193.8 / 108.9 / 104.1, B 256 at 0.95 299.0 /
+#: 307.4 / 325.4 (a round's 8,192 programs load their row's partials even when it has its token), at 0.8 405.9 /
+#: 352.8 / 360.1
 ROUNDS = 1
 
 
 def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     """Launch the kernels: ``logits [B, V]`` (rows contiguous), ``seeds [B]`` int64, ``out [B]`` int64: pass 1 in
-    chunks; with top-p the first candidate's mass ahead in chunks and :data:`ROUNDS` rounds of a rejected candidate's
-    argmax ahead and the next candidate's mass ahead in chunks; then one program per row."""
+    chunks; with top-p the first candidate's pass in chunks and :data:`ROUNDS` rounds of later candidates in chunks;
+    then one program per row."""
     B, V = logits.shape
     S = triton.cdiv(V, CHUNK)
     cut = top_p < 1.0
+    rounds = ROUNDS if cut else 0
     dev = logits.device
-    ncnt = triton.next_power_of_2(2 * ROUNDS + 1)
-    # one workspace (32-bit words): pass 1's [B, 3, S] floats and [B, S] indices; with top-p a candidate's pass'
-    # [B, 2, S] and [B, S] (each pass in turn), the passes' counters [B, ncnt] and the rows' states [B]
-    ws = torch.empty(B * S * (7 if cut else 4) + (B * (ncnt + 1) if cut else 0), dtype=torch.int32, device=dev)
+    # one workspace (32-bit words): pass 1's [B, 3, S] floats and [B, S] indices, two candidates' passes' [B, 2, S]
+    # and [B, S] each (the rounds take turns), two rows' states [B]
+    n_chk = (1 if rounds == 0 else 2) if cut else 0
+    ws = torch.empty(B * S * (4 + 3 * n_chk) + (2 * B if rounds else 0), dtype=torch.int32, device=dev)
     part_f, part_i = ws[:3 * B * S].view(torch.float32), ws[3 * B * S:4 * B * S]
-    chk_f, chk_i = ws[4 * B * S:6 * B * S].view(torch.float32), ws[6 * B * S:7 * B * S]
-    cnt, st = ws[7 * B * S:7 * B * S + B * ncnt], ws[7 * B * S + B * ncnt:]
-    if not cut:
-        cnt = st = part_i
+    o = [(4 + 3 * j) * B * S for j in range(n_chk + 1)]
+    chk = [(ws[o[j]:o[j] + 2 * B * S].view(torch.float32), ws[o[j] + 2 * B * S:o[j + 1]]) for j in range(n_chk)]
+    chk = chk or [(part_f, part_i)]
+    st = [ws[o[-1] + j * B:o[-1] + (j + 1) * B] for j in range(2)] if rounds else [part_i, part_i]
     cb = min(CHUNK, triton.next_power_of_2(V))
     s_p2 = triton.next_power_of_2(S)
     common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
     x = (logits, logits.stride(0), seeds)
-    _sample_partials_kernel[(B, S)](*x, part_f, part_i, cnt, V, inv_t, S, CHUNK=CHUNK, CUT=cut, NCNT=ncnt,
-                                    BLOCK=cb, num_warps=CHUNK_WARPS, **common)
-    for r in range(2 * ROUNDS + 1 if cut else 0):  # the first candidate's mass ahead, then (argmax ahead, mass) pairs
-        _sample_check_kernel[(B, S)](*x, part_f, part_i, chk_f, chk_i, cnt, st, V, inv_t, top_p, S, R=r, S_P2=s_p2,
-                                     NCNT=ncnt, CHUNK=CHUNK, BLOCK=cb, num_warps=CHUNK_WARPS, **common)
-    _sample_finish_kernel[(B,)](*x, part_f, part_i, st, out, V, inv_t, top_p, S, S_P2=s_p2, CUT=cut,
-                                BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)), num_warps=ROW_WARPS, **common)
+    _sample_partials_kernel[(B, S)](*x, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut, BLOCK=cb,
+                                    num_warps=CHUNK_WARPS, **common)
+    if cut:
+        _sample_check_kernel[(B, S)](*x, part_f, part_i, *chk[0], V, inv_t, S, S_P2=s_p2, CHUNK=CHUNK, BLOCK=cb,
+                                     num_warps=CHUNK_WARPS, **common)
+    for r in range(1, rounds + 1):  # round r reads the candidate pass r - 1 wrote, and writes pass r (turns)
+        _sample_round_kernel[(B, S)](*x, part_f, part_i, *chk[(r - 1) % 2], st[(r - 1) % 2], *chk[r % 2], st[r % 2],
+                                     V, inv_t, top_p, S, FIRST=r == 1, S_P2=s_p2, CHUNK=CHUNK, BLOCK=cb,
+                                     num_warps=CHUNK_WARPS, **common)
+    _sample_finish_kernel[(B,)](*x, part_f, part_i, *chk[rounds % 2], st[rounds % 2], out, V, inv_t, top_p, S,
+                                S_P2=s_p2, CUT=cut, ROUNDS=rounds, BLOCK=min(ROW_BLOCK, triton.next_power_of_2(V)),
+                                num_warps=ROW_WARPS, **common)
     return out
