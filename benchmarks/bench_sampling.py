@@ -62,29 +62,22 @@ BOOST_HZ, ISSUE_PER_CLOCK = 1.98e9, 4
 
 def sass_per_logit() -> dict:
     """SASS instructions per logit per thread of pass 1 (top-p 1 and top-p) and of the first candidate's pass,
-    compiled for sm_90 on any machine (run without ``TRITON_INTERPRET``)."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from bulk_gather import sass_text
+    compiled for sm_90 on any machine (run without ``TRITON_INTERPRET``). It also counts the per-row counter forms
+    of the kernel (140e3f0, 37fae39, not on ``main``), whose passes take ``cnt``, ``st``, ``R`` and ``NCNT``."""
+    from bulk_gather import compile_sm90, sass_counts
 
     ptrs = {"x_ptr": "*fp32", "seeds_ptr": "*i64", "part_f": "*fp32", "part_i": "*i32", "chk_f": "*fp32",
-            "chk_i": "*i32", "cnt": "*i32", "st": "*i32", "inv_t": "fp32", "top_p": "fp32"}
-    common = dict(U_BITS=K.U_BITS, G_MAX=K.G_MAX, CHUNK=K.CHUNK, BLOCK=K.CHUNK)
+            "chk_i": "*i32", "cnt": "*i32", "st": "*i32"}
+    common = dict(U_BITS=K.U_BITS, G_MAX=K.G_MAX, CHUNK=K.CHUNK, BLOCK=K.CHUNK, R=0, NCNT=4)
     per_thread = K.CHUNK / (32 * K.CHUNK_WARPS)
     out = {}
     for name, fn, consts in (("pass 1, top-p 1", K._sample_partials_kernel, dict(CUT=False)),
                              ("pass 1, top-p", K._sample_partials_kernel, dict(CUT=True)),
                              ("first candidate's pass", K._sample_check_kernel, dict(S_P2=32))):
-        consts = {**common, **consts, **{n: v for n, v in dict(R=0, NCNT=4).items() if n in fn.arg_names}}
-        sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=K.CHUNK_WARPS))
-        n = len(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+\S", sass_text(k), re.M))
-        out[name] = n / per_thread
+        args = set(fn.arg_names)
+        k = compile_sm90(fn, {n: v for n, v in {**common, **consts}.items() if n in args},
+                         {n: t for n, t in ptrs.items() if n in args}, K.CHUNK_WARPS, floats=("inv_t", "top_p"))
+        out[name] = sum(sass_counts(k, ("",)).values()) / per_thread
     return out
 
 

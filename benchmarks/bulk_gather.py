@@ -195,15 +195,16 @@ def ring_parts(row: int, stages: int):
 
 
 def compile_sm90(fn, consts: dict, ptrs: dict, num_warps: int, floats=(), divisible=()):
-    """Compile the Gluon kernel ``fn`` for sm_90a on any machine (no GPU needed): ``consts`` its constexprs,
-    ``ptrs`` its pointer arguments and their types (16-byte aligned), ``floats`` its fp32 arguments (the rest i32;
-    those in ``divisible`` multiples of 16, as the launcher specialises them)."""
+    """Compile the Gluon (or plain Triton) kernel ``fn`` for sm_90a on any machine (no GPU needed): ``consts`` its
+    constexprs, ``ptrs`` its pointer arguments and their types (16-byte aligned), ``floats`` its fp32 arguments (the
+    rest i32; those in ``divisible`` multiples of 16, as the launcher specialises them)."""
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n), ): [["tt.divisibility", 16]] for n in (*ptrs, *divisible)}
-    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else triton.compiler.ASTSource
+    src = source(fn, sig, {(fn.arg_names.index(n), ): v for n, v in consts.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
 
 
