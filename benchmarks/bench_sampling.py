@@ -62,8 +62,10 @@ BOOST_HZ, ISSUE_PER_CLOCK = 1.98e9, 4
 
 def sass_per_logit() -> dict:
     """SASS instructions per logit per thread of pass 1 (top-p 1 and top-p) and of the first candidate's pass,
-    compiled for sm_90 on any machine (run without ``TRITON_INTERPRET``). It also counts the per-row counter forms
-    of the kernel (140e3f0, 37fae39, not on ``main``), whose passes take ``cnt``, ``st``, ``R`` and ``NCNT``."""
+    compiled for sm_90 on any machine (run without ``TRITON_INTERPRET``), with the exact noise of every token
+    (``NOISE`` 0) and with the screen (2: one turn of its loop, the usual count; each further turn adds a few
+    instructions per logit). It also counts the per-row counter forms of the kernel (140e3f0, 37fae39, not on
+    ``main``), whose passes take ``cnt``, ``st``, ``R`` and ``NCNT``."""
     from bulk_gather import compile_sm90, sass_counts
 
     ptrs = {"x_ptr": "*fp32", "seeds_ptr": "*i64", "part_f": "*fp32", "part_i": "*i32", "chk_f": "*fp32",
@@ -71,13 +73,15 @@ def sass_per_logit() -> dict:
     common = dict(U_BITS=K.U_BITS, G_MAX=K.G_MAX, CHUNK=K.CHUNK, BLOCK=K.CHUNK, R=0, NCNT=4)
     per_thread = K.CHUNK / (32 * K.CHUNK_WARPS)
     out = {}
-    for name, fn, consts in (("pass 1, top-p 1", K._sample_partials_kernel, dict(CUT=False)),
-                             ("pass 1, top-p", K._sample_partials_kernel, dict(CUT=True)),
-                             ("first candidate's pass", K._sample_check_kernel, dict(S_P2=32))):
-        args = set(fn.arg_names)
-        k = compile_sm90(fn, {n: v for n, v in {**common, **consts}.items() if n in args},
-                         {n: t for n, t in ptrs.items() if n in args}, K.CHUNK_WARPS, floats=("inv_t", "top_p"))
-        out[name] = sum(sass_counts(k, ("",)).values()) / per_thread
+    for noise in (0, 2):
+        for name, fn, consts in (("pass 1, top-p 1", K._sample_partials_kernel, dict(CUT=False)),
+                                 ("pass 1, top-p", K._sample_partials_kernel, dict(CUT=True)),
+                                 ("first candidate's pass", K._sample_check_kernel, dict(S_P2=32))):
+            args = set(fn.arg_names)
+            k = compile_sm90(fn, {n: v for n, v in {**common, **consts, "NOISE": noise}.items() if n in args},
+                             {n: t for n, t in ptrs.items() if n in args}, K.CHUNK_WARPS, floats=("inv_t", "top_p"))
+            form = "exact noise" if noise == 0 else "screen"
+            out[f"{name}, {form}"] = sum(sass_counts(k, ("",)).values()) / per_thread
     return out
 
 

@@ -213,10 +213,15 @@ def test_whatif_sm90_variants_remove_what_they_claim():
 
 
 def test_sampler_instruction_count_compiles_for_sm90():
-    """``benchmarks/bench_sampling.py --count`` (BENCHMARKS.md, sixty-seventh session): the chunked sampler kernels
-    compile for sm_90 on any machine and their SASS per logit is counted. Pass 1 with top-p adds the softmax sum to
-    pass 1 without it; the first candidate's pass reads the row again (the mass ahead at least)."""
+    """``benchmarks/bench_sampling.py --count`` (BENCHMARKS.md, sixty-seventh and sixty-eighth sessions): the chunked
+    sampler kernels compile for sm_90 on any machine, with the exact noise of every token and with the screen, and
+    their SASS per logit is counted. Pass 1 with top-p adds the softmax sum to pass 1 without it; the first
+    candidate's pass reads the row again (the mass ahead at least); the screen issues fewer instructions than the
+    exact noise in every kernel (it leaves out the two logarithms of all but a token or two per block)."""
     c = compiled_in_subprocess("import bench_sampling as S\nout.update(S.sass_per_logit())", ())
-    assert set(c) == {"pass 1, top-p 1", "pass 1, top-p", "first candidate's pass"}
-    assert 30 < c["pass 1, top-p 1"] < c["pass 1, top-p"] < 400
-    assert 10 < c["first candidate's pass"] < 400
+    kernels = ("pass 1, top-p 1", "pass 1, top-p", "first candidate's pass")
+    assert set(c) == {f"{k}, {n}" for k in kernels for n in ("exact noise", "screen")}
+    for n in ("exact noise", "screen"):
+        assert 30 < c[f"pass 1, top-p 1, {n}"] < c[f"pass 1, top-p, {n}"] < 400
+        assert 10 < c[f"first candidate's pass, {n}"] < 400
+    assert all(c[f"{k}, screen"] < 0.9 * c[f"{k}, exact noise"] for k in kernels), c

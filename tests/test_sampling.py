@@ -10,11 +10,15 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from utils import DEVICE, ON_GPU
+
+import dsa.sampling.kernel as K
 
 from dsa.sampling import (gumbel, nucleus, nucleus_ref, row_seed, sample_tokens, sample_tokens_ref, scaled_logits,
                           uniforms)
-from dsa.sampling.reference import U_BITS, _mix32, uniform_of_hash
+from dsa.sampling.reference import U_BITS, _mix32, inv_temperature, uniform_of_hash
 
 N = 40_000  # draws per distribution: 5 sigma of a frequency p is 5 sqrt(p (1 - p) / N) <= 0.0125
 CASES = [(1.0, 1.0), (0.6, 1.0), (1.7, 1.0), (1.0, 0.8), (0.5, 0.5), (2.0, 0.95)]
@@ -288,3 +292,94 @@ def test_kernel_hash_is_the_reference_hash():
     seeds = _seeds(B, run=123456789, device=DEVICE)
     got = sample_tokens(z, seeds, 1e30, 1.0, backend="triton")
     assert torch.equal(got, torch.argmax(gumbel(seeds, V), -1))
+
+
+@triton.jit
+def _noise_of_every_uniform(g_ptr, up_ptr, U_BITS: tl.constexpr, NOISE: tl.constexpr, BLOCK: tl.constexpr):
+    k = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.uint32)
+    tl.store(g_ptr + k, K._gumbel_of_bits(k, U_BITS))
+    tl.store(up_ptr + k, K._gumbel_bound_of_bits(k, U_BITS, NOISE))
+
+
+def test_the_screens_noise_bound_holds_for_every_uniform():
+    """The screen's cheap bound of the Gumbel noise (``lg2.approx`` on an NVIDIA GPU, ``tl.log2`` elsewhere) against
+    the kernel's exact noise, for every one of the 2**23 uniforms: at least ``g`` (so no token that could win is
+    skipped) and within ``2 * G_TOL`` of it; its error is measured against ``G_TOL`` as well (it must leave a
+    margin of 4x)."""
+    n = 1 << U_BITS
+    g = torch.full((n,), float("nan"), device=DEVICE)
+    up = torch.full((n,), float("nan"), device=DEVICE)
+    mode = max(K.noise_mode(g.device), 1)
+    _noise_of_every_uniform[(n // 4096,)](g, up, U_BITS=U_BITS, NOISE=mode, BLOCK=4096)
+    u = uniform_of_hash(torch.arange(n, dtype=torch.int64) << (32 - U_BITS))
+    torch.testing.assert_close(g.cpu(), -torch.log(-torch.log(u)), rtol=1e-6, atol=1e-6)  # (k -> u as the reference)
+    tol = K.G_TOL.value
+    err = (up.double() - tol - g.double()).abs().max().item()
+    assert (up >= g).all() and (up - g <= 2 * tol).all(), err
+    assert err < tol / 4, (mode, err)
+
+
+@pytest.mark.parametrize("noise", [0, None])
+def test_noise_forms_pick_the_same_tokens(monkeypatch, noise):
+    """The screened argmax of ``z + g`` (``NOISE`` None: the device's form) and the exact one of every token (0, the
+    form AMD GPUs take) give the reference's tokens: equal logits whose tokens share the row's largest noise (the
+    first index wins, within a block and across chunks), and random rows at scales from 1e-3 to 3e4 (where ``z``'s
+    rounding is far above the screen's margin), masked tokens, ties, top-p and not."""
+    monkeypatch.setattr(K, "NOISE", noise)
+    # rows whose largest noise is held by two tokens (found by search): same block (2230, 16747), other chunks (394)
+    V = 20000
+    seeds = torch.tensor([row_seed(0, r, 0) for r in (2230, 16747, 394)], dtype=torch.int64)
+    assert torch.equal(torch.argmax(gumbel(seeds, V), -1), torch.tensor([8410, 2109, 2303]))
+    flat = torch.full((3, V), 0.25)
+    for top_p in (1.0, 0.5):
+        assert sample_tokens(flat.to(DEVICE), seeds.to(DEVICE), 1.0, top_p, backend="triton").tolist() == \
+            [8410, 2109, 2303]
+        ties = gumbel(seeds, V) == gumbel(seeds, V).max(1, keepdim=True).values
+        assert ties.sum(1).tolist() == [2, 2, 2]  # (the case the test is about)
+    g = torch.Generator().manual_seed(21)
+    for scale in (1e-3, 1.0, 3.0, 3e4):
+        z = _rows(5, 9000, g, torch.float32, scale=scale).to(DEVICE)
+        s = _seeds(5, run=int(scale * 1000), device=DEVICE)
+        for T, top_p in ((1.0, 1.0), (0.8, 0.9), (2.5, 0.3)):
+            assert torch.equal(sample_tokens(z, s, T, top_p, backend="triton"), sample_tokens_ref(z, s, T, top_p)), \
+                (scale, T, top_p)
+
+
+@triton.jit
+def _screen_rows(x_ptr, up_ptr, seeds_ptr, best_ptr, best_i_ptr, V, inv_t, U_BITS: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    xr, s_hi, s_lo = K._row(x_ptr, V, seeds_ptr, row)
+    offs = tl.arange(0, BLOCK)
+    up = tl.load(up_ptr + row * V + offs, mask=offs < V, other=float("-inf"))
+    best, best_i = K._screened_argmax(xr, up, offs, tl.full([], float("-inf"), tl.float32), V, inv_t, s_hi, s_lo,
+                                      V, U_BITS)
+    tl.store(best_ptr + row, best)
+    tl.store(best_i_ptr + row, best_i)
+
+
+def test_the_screen_takes_the_exact_argmax_under_any_valid_bounds():
+    """The screen's loop given bounds far looser than the kernel's, in an order unlike the exact values' (the exact
+    ``z + g`` plus a random slack up to 2, or plus a constant 17 so that the tokens come in the order of ``z``):
+    it still returns the first argmax of the exact ``z + g`` over the tokens with a bound (-inf: none), and that
+    token's exact value. (A loop that stopped after the token with the highest bound would fail here.)"""
+    B, V, T = 6, 1000, 0.7
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(B, V, generator=g)
+    x[:, 10] = x[:, 3]
+    seeds = _seeds(B, run=31)
+    inv_t = inv_temperature(T)
+    y = scaled_logits(x, T) + gumbel(seeds, V)
+    up = y + torch.rand(B, V, generator=g) * 2 + 1e-3
+    up[1] = scaled_logits(x[1], T) + 17.0
+    up[2, ::3] = float("-inf")  # (not candidates)
+    up[3] = float("-inf")
+    want = torch.where(up > float("-inf"), y, float("-inf")).argmax(1)
+    best = torch.full((B,), float("nan"), device=DEVICE)
+    best_i = torch.full((B,), -7, dtype=torch.int32, device=DEVICE)
+    _screen_rows[(B,)](x.to(DEVICE), up.to(DEVICE), seeds.to(DEVICE), best, best_i, V, inv_t, U_BITS=U_BITS,
+                       BLOCK=1024)
+    rows = [0, 1, 2, 4, 5]
+    torch.testing.assert_close(best[rows].cpu(), y.gather(1, want[:, None])[rows, 0], rtol=1e-6, atol=1e-6)
+    want[3] = V  # (no candidate: the index stays the caller's, here V, and the value -inf)
+    assert best_i.cpu().tolist() == want.tolist() and best[3].item() == float("-inf")

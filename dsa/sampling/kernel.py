@@ -15,7 +15,10 @@ about one row in ``1 / (1 - top_p)**(n + 1)`` (400 at top_p 0.95 and ``n`` 1).
 * Pass 1 (``_sample_partials_kernel``, one program per chunk of :data:`CHUNK` tokens of a row): the chunk's
   ``max(z)``, ``sum(exp(z - max))`` (online, rescaled per block; top-p only) and argmax of ``z + g``. Blocks whose
   largest ``z`` plus the largest Gumbel value (:data:`G_MAX`) cannot beat the best so far skip the hash and the
-  logarithms.
+  logarithms. Every argmax of ``z + g`` (here and in the candidates' passes) is screened (:data:`NOISE`): each
+  token's ``z + g`` is bounded from above with the SFU's ``log2`` (two instructions), and only the tokens whose
+  bound reaches the best exact value so far, in descending order of the bound (usually one per block), get the
+  reference's two logarithms. The result is the exact argmax, the first index among equal values, as without it.
 * The first candidate (``_sample_check_kernel``, top-p only, one program per chunk): the chunks' partials combined
   in a fixed order into ``m``, ``s`` and the candidate; the chunk's mass ahead of it (``z`` larger, or equal and a
   smaller index) and its argmax of ``z + g`` ahead of it.
@@ -40,10 +43,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import compiled_nvidia, interpreter_on
 from .reference import U_BITS
 
 #: a bound on the Gumbel noise: ``g = -log(-log(u))`` with ``u <= 1 - 2**-24`` is at most 16.64
 G_MAX = 17.0
+#: the screen's margin on ``g`` (:func:`_gumbel_bound_of_bits`); its bound lies within 2.4e-6 of ``g + G_TOL`` for
+#: every ``u`` with the SFU's ``log2`` (H100), 1.4e-6 with ``tl.log2`` (tests/test_sampling.py checks a quarter of it)
+G_TOL = tl.constexpr(2.0 ** -12)
 
 
 @triton.jit
@@ -57,10 +64,47 @@ def _mix32(x):
 
 
 @triton.jit
-def _gumbel(offs, s_hi, s_lo, U_BITS: tl.constexpr):
-    h = _mix32(_mix32(offs.to(tl.uint32) ^ s_hi) ^ s_lo)
-    u = ((h >> (32 - U_BITS)).to(tl.float32) + 0.5) * (1.0 / (1 << U_BITS))
+def _noise_bits(offs, s_hi, s_lo, U_BITS: tl.constexpr):
+    """The top ``U_BITS`` bits of the reference's hash of (seed, index): ``u = (k + 0.5) / 2**U_BITS``."""
+    return _mix32(_mix32(offs.to(tl.uint32) ^ s_hi) ^ s_lo) >> (32 - U_BITS)
+
+
+@triton.jit
+def _gumbel_of_bits(k, U_BITS: tl.constexpr):
+    """``g = -log(-log(u))`` as the reference computes it (fp32, two logarithms)."""
+    u = (k.to(tl.float32) + 0.5) * (1.0 / (1 << U_BITS))
     return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _gumbel(offs, s_hi, s_lo, U_BITS: tl.constexpr):
+    return _gumbel_of_bits(_noise_bits(offs, s_hi, s_lo, U_BITS), U_BITS)
+
+
+@triton.jit
+def _log2_fast(x, NOISE: tl.constexpr):
+    """``log2(x)`` for positive normal ``x``: the SFU's approximation (``lg2.approx.ftz``, one instruction) on
+    NVIDIA GPUs (``NOISE`` 2), else ``tl.log2``."""
+    if NOISE == 2:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _gumbel_bound_of_bits(k, U_BITS: tl.constexpr, NOISE: tl.constexpr):
+    """An upper bound of :func:`_gumbel_of_bits` within ``2 * G_TOL`` of it (``tests/test_sampling.py`` checks every
+    ``k``), in base-2 logarithms: ``e = -log2(u)`` (``E = -log(u) = e * ln 2``) from the SFU's ``log2(u)``, or where
+    ``w = 1 - u < 2**-6`` (exact there) from ``(w + w**2 / 2 + w**3 / 3) / ln 2`` (the SFU's absolute error would be
+    large against ``E ~ w``); then ``g = -log(E) = -ln 2 * log2(e) - log(ln 2)`` from the SFU's ``log2(e)``, plus
+    ``G_TOL``. ``u = k * 2**-U_BITS + 2**-(U_BITS + 1)`` is the reference's ``(k + 0.5) / 2**U_BITS``, exactly."""
+    LN2: tl.constexpr = 0.6931471805599453
+    u = k.to(tl.float32) * (1.0 / (1 << U_BITS)) + (0.5 / (1 << U_BITS))
+    w = 1.0 - u
+    e_series = w * (1.0 / LN2 + w * (0.5 / LN2 + w * (1.0 / (3.0 * LN2))))
+    e = tl.where(w < 0.015625, e_series, -_log2_fast(u, NOISE))
+    return _log2_fast(e, NOISE) * -LN2 + (G_TOL + 0.36651292058166435)
 
 
 @triton.jit
@@ -80,15 +124,45 @@ def _block(xr, start, ar, hi, inv_t):
 
 
 @triton.jit
-def _fold_noisy_argmax(z, keep, offs, bmax, best, best_i, s_hi, s_lo, V, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
-    """(best, best_i) updated with the block's argmax of ``z + g`` over ``keep``; the hash and the logarithms are
-    skipped when even ``bmax + G_MAX`` cannot beat ``best`` (the result is the same)."""
+def _screened_argmax(xr, up, offs, best, best_i, inv_t, s_hi, s_lo, V, U_BITS: tl.constexpr):
+    """(best, best_i) updated with the first argmax of ``z + g`` over a block, given upper bounds ``up`` of each
+    token's ``z + g`` (-inf: not a candidate): the exact value of one token at a time, in descending order of
+    ``up``, while a bound still reaches the best value (so a tie with it is taken by index too)."""
+    NEG: tl.constexpr = float("-inf")
+    top = tl.max(up, 0)
+    while (top >= best) & (top > NEG):
+        i = tl.min(tl.where(up == top, offs, V), 0)
+        y = tl.load(xr + i).to(tl.float32) * inv_t + _gumbel(i, s_hi, s_lo, U_BITS)
+        better = (y > best) | ((y == best) & (i < best_i))
+        best = tl.where(better, y, best)
+        best_i = tl.where(better, i, best_i)
+        up = tl.where(offs == i, NEG, up)
+        top = tl.max(up, 0)
+    return best, best_i
+
+
+@triton.jit
+def _fold_noisy_argmax(xr, z, keep, offs, bmax, best, best_i, inv_t, s_hi, s_lo, V, U_BITS: tl.constexpr,
+                       G_MAX: tl.constexpr, NOISE: tl.constexpr):
+    """(best, best_i) updated with the block's argmax of ``z + g`` over ``keep`` (the first index among equal
+    values); the hash and the logarithms are skipped when even ``bmax + G_MAX`` cannot beat ``best``. ``NOISE`` 0:
+    the reference's noise of every token. Else a screen (:func:`_screened_argmax`) on cheap upper bounds of every
+    token's ``z + g`` (:func:`_gumbel_bound_of_bits`): the same result, with the reference's two logarithms taken
+    for a token or two per block instead of every token."""
+    NEG: tl.constexpr = float("-inf")
     if bmax + G_MAX >= best:
-        y = tl.where(keep, z + _gumbel(offs, s_hi, s_lo, U_BITS), float("-inf"))
-        bv, bi = _argmax_first(y, offs, V)
-        if bv > best:
-            best = bv
-            best_i = bi
+        if NOISE == 0:
+            y = tl.where(keep, z + _gumbel(offs, s_hi, s_lo, U_BITS), NEG)
+            bv, bi = _argmax_first(y, offs, V)
+            if bv > best:
+                best = bv
+                best_i = bi
+        else:
+            # z scaled away from 0 by 2**-20 covers its rounding against the exact value's (the same product, maybe
+            # fused with the sum) and the sums' (a token with z = -inf stays -inf, never the answer)
+            g_up = _gumbel_bound_of_bits(_noise_bits(offs, s_hi, s_lo, U_BITS), U_BITS, NOISE)
+            up = tl.where(keep, z * tl.where(z >= 0, 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -20) + g_up, NEG)
+            best, best_i = _screened_argmax(xr, up, offs, best, best_i, inv_t, s_hi, s_lo, V, U_BITS)
     return best, best_i
 
 
@@ -102,7 +176,7 @@ def _row(x_ptr, stride_row, seeds_ptr, row):
 
 @triton.jit
 def _scan(xr, lo, hi, V, inv_t, s_hi, s_lo, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-          G_MAX: tl.constexpr):
+          G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """Pass 1 over ``[lo, hi)``: (max ``z``, sum of ``exp(z - max)`` (online, rescaled per block; 0 unless CUT),
     the argmax of ``z + g`` and its value)."""
     NEG: tl.constexpr = float("-inf")
@@ -118,7 +192,8 @@ def _scan(xr, lo, hi, V, inv_t, s_hi, s_lo, CUT: tl.constexpr, BLOCK: tl.constex
             m_ref = tl.where(m_new == NEG, 0.0, m_new)
             s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), 0)
             m = m_new
-        best, best_i = _fold_noisy_argmax(z, msk, offs, bmax, best, best_i, s_hi, s_lo, V, U_BITS, G_MAX)
+        best, best_i = _fold_noisy_argmax(xr, z, msk, offs, bmax, best, best_i, inv_t, s_hi, s_lo, V, U_BITS,
+                                          G_MAX, NOISE)
     return m, s, best, best_i
 
 
@@ -143,7 +218,7 @@ def _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK: tl.constexpr):
 
 @triton.jit
 def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                  G_MAX: tl.constexpr):
+                  G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """The argmax of ``z + g`` over the tokens of ``[lo, hi)`` ahead of the candidate: (value, index), -inf if none."""
     ar = tl.arange(0, BLOCK)
     nb = tl.full([], float("-inf"), tl.float32)
@@ -151,14 +226,14 @@ def _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK: tl.constexp
     for start in range(lo, hi, BLOCK):
         offs, msk, z, bmax = _block(xr, start, ar, hi, inv_t)
         if bmax >= cz:
-            nb, ni = _fold_noisy_argmax(z, msk & _ahead(z, offs, cz, cand), offs, bmax, nb, ni, s_hi, s_lo, V,
-                                        U_BITS, G_MAX)
+            nb, ni = _fold_noisy_argmax(xr, z, msk & _ahead(z, offs, cz, cand), offs, bmax, nb, ni, inv_t, s_hi, s_lo,
+                                        V, U_BITS, G_MAX, NOISE)
     return nb, ni
 
 
 @triton.jit
 def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-          G_MAX: tl.constexpr):
+          G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """The candidate passes after the first (one program): ``a`` is the mass ahead of ``cand`` (over ``s``, the
     softmax's sum at max ``m``), ``(nb, ni)`` the argmax of ``z + g`` ahead of it. While the candidate is rejected
     (``a / s >= top_p``) and a token is ahead, move to that token: one pass for its mass ahead, and one for the
@@ -171,7 +246,7 @@ def _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK: tl.cons
         go = a / s >= top_p
         nb = tl.full([], float("-inf"), tl.float32)
         if go:
-            nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+            nb, ni = _argmax_ahead(xr, 0, V, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX, NOISE)
         go = go & (nb > float("-inf"))
     return cand
 
@@ -200,14 +275,15 @@ def _combine(part_f, part_i, row, S, V, S_P2: tl.constexpr, CUT: tl.constexpr):
 @triton.jit
 def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv_t, S,
                             CHUNK: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                            G_MAX: tl.constexpr):
+                            G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """Pass 1, program (row, c) over ``[c * CHUNK, (c + 1) * CHUNK)``: ``part_f [B, 3, S]`` (max, sum, best value)
     and ``part_i [B, S]`` (best index)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
     lo = c * CHUNK
-    m, s, best, best_i = _scan(xr, lo, tl.minimum(lo + CHUNK, V), V, inv_t, s_hi, s_lo, CUT, BLOCK, U_BITS, G_MAX)
+    m, s, best, best_i = _scan(xr, lo, tl.minimum(lo + CHUNK, V), V, inv_t, s_hi, s_lo, CUT, BLOCK, U_BITS, G_MAX,
+                               NOISE)
     pf = part_f + row.to(tl.int64) * 3 * S + c
     tl.store(pf, m)
     tl.store(pf + S, s)
@@ -217,7 +293,7 @@ def _sample_partials_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, V, inv
 
 @triton.jit
 def _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V, inv_t, S, CHUNK: tl.constexpr,
-                 BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+                 BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """Candidate ``cand``'s pass over chunk ``c`` of the row (``m``: the row's max ``z``): the mass ahead of it and
     the argmax of ``z + g`` ahead of it, into ``chk_f [B, 2, S]`` (mass, best value) and ``chk_i [B, S]``."""
     xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
@@ -225,7 +301,7 @@ def _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V,
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     a = _mass_ahead(xr, lo, hi, inv_t, m, cz, cand, BLOCK)
-    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+    nb, ni = _argmax_ahead(xr, lo, hi, V, inv_t, cz, cand, s_hi, s_lo, BLOCK, U_BITS, G_MAX, NOISE)
     cf = chk_f + row.to(tl.int64) * 2 * S + c
     tl.store(cf, a)
     tl.store(cf + S, nb)
@@ -235,12 +311,12 @@ def _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V,
 @triton.jit
 def _sample_check_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, V, inv_t, S,
                          S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, U_BITS: tl.constexpr,
-                         G_MAX: tl.constexpr):
+                         G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """The first candidate's pass (top-p), program (row, c) over its chunk (:func:`_check_chunk`)."""
     row = tl.program_id(0)
     m, s, cand = _combine(part_f, part_i, row, S, V, S_P2, True)
     _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, tl.program_id(1), m, cand, V, inv_t, S, CHUNK,
-                 BLOCK, U_BITS, G_MAX)
+                 BLOCK, U_BITS, G_MAX, NOISE)
 
 
 @triton.jit
@@ -260,7 +336,7 @@ def _combine_check(chk_f, chk_i, row, S, V, S_P2: tl.constexpr):
 @triton.jit
 def _sample_round_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, prev_f, prev_i, prev_st, chk_f, chk_i, st,
                          V, inv_t, top_p, S, FIRST: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr,
-                         BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+                         BLOCK: tl.constexpr, U_BITS: tl.constexpr, G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """A later candidate's pass in chunks (top-p), program (row, c). The row's previous candidate (pass 1's when
     ``FIRST``, else ``prev_st [B]``) and its chunked pass (``prev_f``, ``prev_i``) decide, as :func:`_walk` does,
     whether it is accepted; program 0 writes the row's state ``st [B]`` int32: the candidate now checked, or
@@ -284,13 +360,13 @@ def _sample_round_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, prev_f, p
         tl.store(st + row, cand)
     if go:
         _check_chunk(x_ptr, stride_row, seeds_ptr, chk_f, chk_i, row, c, m, cand, V, inv_t, S, CHUNK, BLOCK, U_BITS,
-                     G_MAX)
+                     G_MAX, NOISE)
 
 
 @triton.jit
 def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, chk_i, st, out_ptr, V, inv_t, top_p,
                           S, S_P2: tl.constexpr, CUT: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
-                          U_BITS: tl.constexpr, G_MAX: tl.constexpr):
+                          U_BITS: tl.constexpr, G_MAX: tl.constexpr, NOISE: tl.constexpr):
     """One program per row: the pass-1 partials combined; with top-p, the last chunked candidate (pass 1's, or
     after ``ROUNDS`` rounds of :func:`_sample_round_kernel` the one in the row's state ``st``, or its token) and its
     chunks' results combined, then any later candidates' passes on this one program (:func:`_walk`)."""
@@ -305,7 +381,7 @@ def _sample_finish_kernel(x_ptr, stride_row, seeds_ptr, part_f, part_i, chk_f, c
         if go:
             xr, s_hi, s_lo = _row(x_ptr, stride_row, seeds_ptr, row)
             a, nb, ni = _combine_check(chk_f, chk_i, row, S, V, S_P2)
-            cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX)
+            cand = _walk(xr, V, inv_t, top_p, m, s, cand, a, nb, ni, s_hi, s_lo, BLOCK, U_BITS, G_MAX, NOISE)
     tl.store(out_ptr + row, cand.to(tl.int64))
 
 
@@ -316,11 +392,25 @@ CHUNK = 4096
 CHUNK_WARPS = 8
 ROW_BLOCK, ROW_WARPS = 4096, 16
 #: later candidates' passes in chunks (top-p), each round its own launch, before a row's one program walks on. H100,
-#: [B, 129280] fp32 rows, CUDA graphs (BENCHMARKS.md, sixty-sixth session), µs for 0 / 1 / 2 rounds: B 1 12.4 / 14.2 /
-#: 15.7 (a launch each), B 16 46.3 / 34.4 / 37.0, B 64 at top-p 0.8 193.8 / 108.9 / 104.1, B 256 at 0.95 299.0 /
-#: 307.4 / 325.4 (a round's 8,192 programs load their row's partials even when it has its token), at 0.8 405.9 /
-#: 352.8 / 360.1
+#: [B, 129280] fp32 rows, CUDA graphs (BENCHMARKS.md, sixty-sixth session, before the screen), µs for 0 / 1 / 2
+#: rounds: B 1 12.4 / 14.2 / 15.7 (a launch each), B 16 46.3 / 34.4 / 37.0, B 64 at top-p 0.8 193.8 / 108.9 / 104.1,
+#: B 256 at 0.95 299.0 / 307.4 / 325.4 (a round's 8,192 programs load their row's partials even when it has its
+#: token), at 0.8 405.9 / 352.8 / 360.1. With the screen (sixty-eighth session), 0 / 1 rounds: B 1 10.0 / 12.0,
+#: B 16 41.9 / 28.9, B 64 at 0.8 156.4 / 90.7, B 256 at 0.95 230.7 / 237.3, at 0.8 316.7 / 280.2
 ROUNDS = 1
+#: the argmax of ``z + g`` (:func:`_fold_noisy_argmax`): 0 the reference's noise of every token, 1 a screen with
+#: ``tl.log2`` bounds, 2 a screen with the SFU's ``lg2.approx`` (NVIDIA); None: 2 on NVIDIA GPUs, 1 under the
+#: interpreter, 0 elsewhere (AMD GPUs: a bound there would take ``tl.log2``, whose cost and error were not measured)
+NOISE = None
+
+
+def noise_mode(device: torch.device) -> int:
+    """The :data:`NOISE` form the kernels take on ``device``."""
+    if NOISE is not None:
+        return NOISE
+    if compiled_nvidia(device):
+        return 2
+    return 1 if interpreter_on() else 0
 
 
 def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
@@ -343,7 +433,7 @@ def sample_launch(logits, seeds, out, inv_t: float, top_p: float):
     st = [ws[o[-1] + j * B:o[-1] + (j + 1) * B] for j in range(2)] if rounds else [part_i, part_i]
     cb = min(CHUNK, triton.next_power_of_2(V))
     s_p2 = triton.next_power_of_2(S)
-    common = dict(U_BITS=U_BITS, G_MAX=G_MAX)
+    common = dict(U_BITS=U_BITS, G_MAX=G_MAX, NOISE=noise_mode(dev))
     x = (logits, logits.stride(0), seeds)
     _sample_partials_kernel[(B, S)](*x, part_f, part_i, V, inv_t, S, CHUNK=CHUNK, CUT=cut, BLOCK=cb,
                                     num_warps=CHUNK_WARPS, **common)
