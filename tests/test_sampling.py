@@ -329,13 +329,13 @@ def test_noise_forms_pick_the_same_tokens(monkeypatch, noise):
     # rows whose largest noise is held by two tokens (found by search): same block (2230, 16747), other chunks (394)
     V = 20000
     seeds = torch.tensor([row_seed(0, r, 0) for r in (2230, 16747, 394)], dtype=torch.int64)
-    assert torch.equal(torch.argmax(gumbel(seeds, V), -1), torch.tensor([8410, 2109, 2303]))
+    gn = gumbel(seeds, V)
+    assert (gn == gn.max(1, keepdim=True).values).sum(1).tolist() == [2, 2, 2]  # (the case the test is about)
+    assert torch.argmax(gn, -1).tolist() == [8410, 2109, 2303]
     flat = torch.full((3, V), 0.25)
     for top_p in (1.0, 0.5):
         assert sample_tokens(flat.to(DEVICE), seeds.to(DEVICE), 1.0, top_p, backend="triton").tolist() == \
             [8410, 2109, 2303]
-        ties = gumbel(seeds, V) == gumbel(seeds, V).max(1, keepdim=True).values
-        assert ties.sum(1).tolist() == [2, 2, 2]  # (the case the test is about)
     g = torch.Generator().manual_seed(21)
     for scale in (1e-3, 1.0, 3.0, 3e4):
         z = _rows(5, 9000, g, torch.float32, scale=scale).to(DEVICE)
