@@ -324,7 +324,7 @@ def test_noise_forms_pick_the_same_tokens(monkeypatch, noise):
     """The screened argmax of ``z + g`` (``NOISE`` None: the device's form) and the exact one of every token (0, the
     form AMD GPUs take) give the reference's tokens: equal logits whose tokens share the row's largest noise (the
     first index wins, within a block and across chunks), and random rows at scales from 1e-3 to 3e4 (where ``z``'s
-    rounding is far above the screen's margin), masked tokens, ties, top-p and not."""
+    rounding is far above the screen's margin), masked tokens, ties, top-p and not; rows of many +inf logits."""
     monkeypatch.setattr(K, "NOISE", noise)
     # rows whose largest noise is held by two tokens (found by search): same block (2230, 16747), other chunks (394)
     V = 20000
@@ -336,6 +336,11 @@ def test_noise_forms_pick_the_same_tokens(monkeypatch, noise):
     for top_p in (1.0, 0.5):
         assert sample_tokens(flat.to(DEVICE), seeds.to(DEVICE), 1.0, top_p, backend="triton").tolist() == \
             [8410, 2109, 2303]
+    # +inf logits (the first one is drawn at top-p 1): the screen takes it in one turn of its loop, not one per token
+    z = torch.randn(2, 9000, generator=torch.Generator().manual_seed(20))
+    z[:, 1000:3000] = float("inf")
+    z[1, 500] = float("inf")
+    assert sample_tokens(z.to(DEVICE), seeds[:2].to(DEVICE), 1.0, 1.0, backend="triton").tolist() == [1000, 500]
     g = torch.Generator().manual_seed(21)
     for scale in (1e-3, 1.0, 3.0, 3e4):
         z = _rows(5, 9000, g, torch.float32, scale=scale).to(DEVICE)

@@ -127,10 +127,12 @@ def _block(xr, start, ar, hi, inv_t):
 def _screened_argmax(xr, up, offs, best, best_i, inv_t, s_hi, s_lo, V, U_BITS: tl.constexpr):
     """(best, best_i) updated with the first argmax of ``z + g`` over a block, given upper bounds ``up`` of each
     token's ``z + g`` (-inf: not a candidate): the exact value of one token at a time, in descending order of
-    ``up``, while a bound still reaches the best value (so a tie with it is taken by index too)."""
+    ``up``, while a bound still reaches the best value (so a tie with it is taken by index too). A best value of
+    +inf ends it: the tokens left with a bound of +inf come after it (taken in index order), so none can win, and a
+    row of many +inf logits costs one turn, not one per token."""
     NEG: tl.constexpr = float("-inf")
     top = tl.max(up, 0)
-    while (top >= best) & (top > NEG):
+    while (top >= best) & (top > NEG) & (best < float("inf")):
         i = tl.min(tl.where(up == top, offs, V), 0)
         y = tl.load(xr + i).to(tl.float32) * inv_t + _gumbel(i, s_hi, s_lo, U_BITS)
         better = (y > best) | ((y == best) & (i < best_i))
