@@ -20,6 +20,9 @@ one kind of work removed (WRONG values), imported under another name and swapped
   the stores): the fill without three quarters of its shared-memory stores.
 * ``cg``: not a what-if but a candidate: the fp8 producers' row loads cached in L2 only (``.cg``; right values).
 * ``tpr8``: a candidate: 8 producer threads per row on alternate tiles too (one 128-byte request per row and group).
+* ``trace``: not a what-if but a measurement: the real kernel with ``%clock`` read at eight points of the math
+  warpgroup's loop (:data:`TRACE_POINTS`), each thread summing the clocks between them; printed per tile (the
+  mean over the math threads and CTAs). The clock reads themselves add a few instructions to the chain.
 * ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
   only q's shared memory, so several may share an SM).
 
@@ -68,6 +71,99 @@ FP8_STORES = "            kn.slice(0 * 128, 128, dim=1).store((r0.to(gl.float32)
 FP8_LATER_STORES = "".join(f"            kn.slice({g} * 128, 128, dim=1).store((r{g}.to(gl.float32) * s{g}[:, None])"
                            ".to(gl.bfloat16))\n" for g in (1, 2, 3))
 SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)\n"
+
+#: the trace's phases, in loop order: (name, the source line the clock is read after, or before with a leading "<")
+TRACE_POINTS = [
+    ("wait full", "        mbarrier.wait(full.index(s), (i // 2) & 1)\n"),
+    ("QK", "        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))\n"),
+    ("softmax, P stored", "<            fence_async_shared()\n            gl.thread_barrier()\n"),
+    ("fence", "<            gl.thread_barrier()\n            m1 = "),
+    ("barrier", "            gl.thread_barrier()\n            m1 = "),
+    ("to the P.V issue",
+     "<            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)\n"),
+    ("P.V", MATH_END),
+    ("release, loop", "        mbarrier.arrive(empty.index(s))\n\n    l_i = gl.sum(l_2d, 0)"),
+]
+TRACE_HELPER = """
+
+@gluon.jit
+def _trace_clock():
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [gl.full([128], 0, gl.int32, lay)],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _trace_store(trace_ptr, k: gl.constexpr, v):
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    pid = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+    tid = gl.arange(0, 128, lay)
+    gl.store(trace_ptr + (pid.to(gl.int64) * 128 + tid) * 16 + k, v)
+"""
+
+
+def _trace(src: str) -> str:
+    """The ``trace`` variant's source (32-head groups: the lazy softmax's lines; the module's ``TRACE`` buffer passed
+    as the unused ``skip_ptr``)."""
+    a = src.index("def _math_rows(")
+    b = src.index("\n@gluon.jit", a)
+    body = src[a:b]
+    old = "SPLIT: gl.constexpr, m_smem=None, LAZY: gl.constexpr = False):"
+    assert body.count(old) == 1
+    body = body.replace(old, "SPLIT: gl.constexpr, m_smem=None, LAZY: gl.constexpr = False, trace_ptr=None):")
+    loop = "    for i in range(n_tiles):\n"
+    assert body.count(loop) == 1
+    n = len(TRACE_POINTS)
+    init = "".join(f"    tr{k} = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))\n" for k in range(n))
+    body = body.replace(loop, init + loop + "        c_prev = _trace_clock()\n")
+    for k, (_, at) in enumerate(TRACE_POINTS):
+        read = (f"{{ind}}c_now = _trace_clock()\n{{ind}}tr{k} += c_now - c_prev\n{{ind}}c_prev = c_now\n")
+        before = at.startswith("<")
+        at = at.lstrip("<")
+        assert body.count(at) >= 1, at
+        j = body.index(at)
+        line = at if before else at.split("\n")[0] + "\n"
+        ind = line[:len(line) - len(line.lstrip(" "))]
+        code = read.format(ind=ind)
+        if before:
+            body = body[:j] + code + body[j:]
+        else:
+            j += len(line)
+            body = body[:j] + code + body[j:]
+    tail = "    l_i = gl.sum(l_2d, 0)\n"
+    assert body.count(tail) == 1
+    stores = "".join(f"    _trace_store(trace_ptr, {k}, tr{k})\n" for k in range(n))
+    stores += f"    _trace_store(trace_ptr, {n}, tr0 * 0 + n_tiles)\n"
+    body = body.replace(tail, stores + tail)
+    src = src[:a] + body + src[b:]
+    old = "SPLIT, m_smem, LAZY)),"
+    assert src.count(old) == 2
+    src = src.replace(old, "SPLIT, m_smem, LAZY, skip_ptr)),")
+    old = "        lse if skip is None else skip[0], T,"
+    assert src.count(old) == 1
+    src = src.replace(old, "        _trace_buffer(grid, q.device), T,")
+    src = src.replace("\ndef launch(", """
+TRACE = None
+
+
+def _trace_buffer(grid, device):
+    global TRACE
+    TRACE = torch.zeros(grid[0] * grid[1] * 128 * 16, dtype=torch.int32, device=device)
+    return TRACE
+
+
+def launch(""", 1)
+    i = src.index("\n@gluon.jit\ndef _math_rows(")
+    return src[:i] + TRACE_HELPER + src[i:]
+
+
+def trace_table(mod) -> list:
+    """Clocks per tile of each phase (mean over the math threads of the CTAs that ran tiles) from ``mod.TRACE``."""
+    t = mod.TRACE.view(-1, 128, 16).to(torch.float64)
+    n = len(TRACE_POINTS)
+    ran = t[:, 0, n] > 0
+    per = t[ran][:, :, :n] / t[ran][:, :, n:n + 1]
+    return [round(x, 1) for x in per.mean(dim=(0, 1)).tolist()]
 
 
 def _wrap(src: str, where: str, start: str, end: str, keep_start: bool, cond: str) -> str:
@@ -118,6 +214,8 @@ def variant(name: str):
     if "nosoftmax" in parts:  # (the plain softmax's block only)
         assert src.count(SOFTMAX) == 1
         src = src.replace(SOFTMAX, "            p, alpha = sc, m_i\n")
+    if "trace" in parts:
+        src = _trace(src)
     if "nomath" in parts:
         src = _wrap(src, "def _math_rows(", MATH_START, MATH_END, False, "False")
         src = src.replace(MATH_END, "        gl.thread_barrier()  # every warp", 1)
@@ -128,7 +226,7 @@ def variant(name: str):
         src = _drop(src, "def _math_rows(", MATH_WAIT)
         src = _drop(src, "def _producer(", FILL_WAIT)
     unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "loadonly", "fewstores", "cg",
-                       "tpr8"}
+                       "tpr8", "trace"}
     assert not unknown, unknown
     return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
 
@@ -157,9 +255,10 @@ def compile_sm90(mod, fp8: bool, bh: int):
 
 def applies(v: str, h_q: int) -> bool:
     """Whether variant ``v`` changes anything at ``h_q`` heads (else it is not timed): ``nosoftmax`` alone touches
-    16-head groups only (32-head ones take the lazy softmax), ``nolazy`` 32-head ones."""
+    16-head groups only (32-head ones take the lazy softmax), ``nolazy`` and ``trace`` 32-head ones."""
     parts = set(v.split("+"))
-    return not (("nosoftmax" in parts and "nolazy" not in parts and h_q != 16) or ("nolazy" in parts and h_q != 32))
+    return not (("nosoftmax" in parts and "nolazy" not in parts and h_q != 16)
+                or (parts & {"nolazy", "trace"} and h_q != 32))
 
 
 def main():
@@ -198,6 +297,12 @@ def main():
             except Exception as e:  # e.g. a variant out of shared memory
                 print(f"# {name} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         times.update(interleaved_us({v: (lambda v=v: call(v)) for v in runs}, rounds, not name.startswith("prefill")))
+        for v in runs:
+            if "trace" in v.split("+"):
+                call(v)
+                torch.cuda.synchronize()
+                print(name, v, "clocks per tile:", dict(zip([n for n, _ in TRACE_POINTS], trace_table(mods[v]))),
+                      flush=True)
         med = {v: sorted(x)[len(x) // 2] for v, x in times.items()}
         print(name, {v: [round(x, 1) for x in xs] for v, xs in times.items()}, flush=True)
         table.append((name, med))

@@ -164,17 +164,18 @@ import re
 import whatif_sm90 as W
 
 for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax", "none", "nomath+loadonly",
-          "nomath+fewstores", "cg", "tpr8"):
+          "nomath+fewstores", "cg", "tpr8", "trace"):
     mod = W.kernel_sm90 if v == "real" else W.variant(v)
     for fp8, bh in ((False, 16), (True, 32)):
-        if ("stores" in v or "loadonly" in v or v in ("cg", "tpr8")) and not fp8:  # (fp8_ds_mla only)
+        if ("stores" in v or "loadonly" in v or v in ("cg", "tpr8", "trace")) and not fp8:  # (fp8_ds_mla, 32 heads)
             continue
         k = W.compile_sm90(mod, fp8, bh)
         ptx = k.asm["ptx"]
         out[f"{v} {bh}"] = dict(wgmma=ptx.count("wgmma.mma_async"), cp=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
                                 ex2=ptx.count("ex2.approx"), ld=ptx.count("ld.global"), smem=k.metadata.shared,
                                 waits=ptx.count("mbarrier.try_wait"), sts=ptx.count("st.shared"), cvt=ptx.count("cvt."),
-                                ldcg=ptx.count("ld.global.cg"), ld128=len(re.findall(r"ld\.global[.\w]*\.v4", ptx)))
+                                ldcg=ptx.count("ld.global.cg"), ld128=len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
+                                clock=ptx.count("%clock"))
 """
 
 
@@ -210,6 +211,11 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert {k: v for k, v in cg.items() if k != "ldcg"} == {k: v for k, v in real.items() if k != "ldcg"}
     assert {k: tpr8[k] for k in ("wgmma", "cp", "ex2", "waits")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "waits")}
     assert tpr8 != real
+    # trace: the same work, with the clock read at the loop top and at the eight points of TRACE_POINTS
+    trace = c["trace 32"]
+    assert trace["clock"] == 1 + 8 and real["clock"] == 0
+    same = ("wgmma", "cp", "ex2", "waits", "ld128")
+    assert {k: trace[k] for k in same} == {k: real[k] for k in same}, (trace, real)
 
 
 def test_sampler_instruction_count_compiles_for_sm90():
