@@ -21,7 +21,8 @@
 #      decode (--cuda-graph off), plans off and on, with each planned op's host time (benchmarks/plans_engine.py),
 #   8. where the `dsa run` workload's CUDA-graph decode steps spend their time, with each step waiting for its tokens
 #      and without (benchmarks/engine_step_split.py).
-# STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine.
+# STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine. Not in the
+# default: trace (the 32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant).
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
@@ -70,6 +71,10 @@ if on plans; then
     timeout 200 python3 benchmarks/plans_engine.py 2>&1 | grep -E "^== plans|^replay stats|^  [a-z_0-9]+ +(own|rep)|^\|"
   } > "$OUT/plans.txt" 2>&1
 fi
+if on trace; then
+  timeout 200 python3 benchmarks/whatif_sm90.py --variants=real,trace,nocopy+trace 3 decode_fp8_h32_b64 \
+    prefill_bf16_h32 > "$OUT/trace.txt" 2>&1; echo "trace rc=$?" >> "$OUT/trace.txt"
+fi
 if on engine; then
   timeout 300 python3 benchmarks/engine_step_split.py > "$OUT/engine.txt" 2>&1; echo "engine rc=$?" >> "$OUT/engine.txt"
 fi
@@ -82,6 +87,9 @@ fi
 if on bench; then echo "== bench"; tail -50 "$OUT/bench.txt"; fi
 if on power; then echo "== power"; tail -9 "$OUT/power.txt"; fi
 if on plans; then echo "== plans"; cat "$OUT/plans.txt"; fi
+if on trace; then
+  echo "== trace (clocks per tile)"; grep -E "clocks per tile|^case|^decode|^prefill|rc=" "$OUT/trace.txt"
+fi
 if on engine; then echo "== engine (CUDA-graph decode steps)"; grep -E "eager decode|^\||rc=" "$OUT/engine.txt"; fi
 if on decode; then
   echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
