@@ -424,6 +424,30 @@ def test_graph_packed_metadata_equals_builder(models):
                 assert a == b, f.name
 
 
+def test_graph_runner_set_sampling(models):
+    """The runner's sampling switch: after :meth:`set_sampling` its steps leave the drawn tokens (each row's seed)
+    in ``last_tok``, then the argmax again; each switch drops the captured steps and the memory pool."""
+    from dsa.engine.cuda_graph import DecodeGraphRunner
+    from dsa.model import RequestSpec
+    from dsa.sampling import row_seed, sample_tokens_ref
+
+    m = models["bf16"]
+    run = DecodeGraphRunner(m, m.new_cache(41, 16), max_model_len=300, buckets=[1, 4], pad_block=40, capture=False)
+    specs = [RequestSpec(L - 1, 1, list(range(4 * j, 4 * j + -(-L // 16)))) for j, L in enumerate((50, 17, 3))]
+    ids, seeds = [5, 77, 300], [row_seed(3, j, 2) for j in range(3)]
+    drawn = []
+    for temp, top_p in ((0.0, 1.0), (1.5, 0.95), (0.0, 1.0)):
+        run.set_sampling(temp, top_p)
+        assert not run._graphs and run._pool is None
+        run.last_tok.fill_(-1)
+        logits = run.run(specs, ids, seeds=seeds).clone()
+        want = sample_tokens_ref(logits, torch.tensor(seeds) if temp > 0 else None, temp, top_p)
+        assert torch.equal(run.last_tok[:3], want)
+        drawn.append(want)
+    assert torch.equal(drawn[0], drawn[2]) and torch.equal(drawn[0], logits.argmax(-1))
+    assert not torch.equal(drawn[1], drawn[0])  # (at 1.5 the draws leave the argmax: seeds fixed, checked once)
+
+
 def test_profiler_wraps_only_inside():
     import dsa.topk as T
 
@@ -503,8 +527,7 @@ def test_gpu_sampled_graph_steps_equal_eager():
                  for L in torch.randint(1, 900, (n,), generator=g)]
         seeds = [row_seed(9, j, 5) for j in range(n)]
         for temp, top_p in ((0.9, 0.9), (0.0, 1.0)):
-            runner.temperature, runner.top_p = temp, top_p  # (read when a graph is captured: recapture)
-            runner._graphs.clear()
+            runner.set_sampling(temp, top_p)  # (the graphs are captured again)
             logits = runner.run(specs, torch.randint(2, 512, (n,), generator=g).tolist(), seeds=seeds).clone()
             host, evt = runner.fetch_tokens(n)
             evt.synchronize()

@@ -267,6 +267,16 @@ class DecodeGraphRunner:
         self._graphs[bucket] = (graph, ids, md, logits, src, seeds)
         return self._graphs[bucket]
 
+    def set_sampling(self, temperature: float, top_p: float = 1.0) -> None:
+        """Pick later steps' tokens greedily (``temperature <= 0``) or sampled with ``temperature`` / ``top_p``. The
+        captured graphs hold the old choice: they are dropped with their memory pool (a pool whose graphs are all
+        gone cannot take a new capture) and each bucket is captured again on its next step."""
+        if self._graphs and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # (no replay still running on what is freed)
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self._graphs.clear()
+        self._pool = None
+
     def capture_all(self) -> None:
         """Capture every bucket's graph now (as an engine does when it starts), so that no step pays for a capture."""
         for b in self.buckets:
