@@ -62,7 +62,8 @@ CASES = [
 VARIANTS = ["real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy", "nolazy+nosoftmax", "none"]
 
 MATH_START = "        kn = k_nope_smem.index(s)\n"
-MATH_END = "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))\n        gl.thread_barrier()  # every warp"
+MATH_END = ("        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))\n"
+            "        gl.thread_barrier()  # every warp")
 FILL_START = "        if IS_FP8:  # EARLY (2 or 4)"
 FILL_WAIT = "        mbarrier.wait(empty.index(s), ((i // 2) & 1) ^ 1)\n"
 FILL_END = "        if not LATE:\n"
@@ -70,7 +71,7 @@ MATH_WAIT = "        mbarrier.wait(full.index(s), (i // 2) & 1)\n"
 FP8_STORES = "            kn.slice(0 * 128, 128, dim=1).store((r0.to(gl.float32) * s0[:, None]).to(gl.bfloat16))\n"
 FP8_LATER_STORES = "".join(f"            kn.slice({g} * 128, 128, dim=1).store((r{g}.to(gl.float32) * s{g}[:, None])"
                            ".to(gl.bfloat16))\n" for g in (1, 2, 3))
-SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)\n"
+SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, _idx_valid(idx_t, S), m_i, l_2d, sm_scale_log2, 1)\n"
 
 #: the trace's phases, in loop order: (name, the source line the clock is read after, or before with a leading "<")
 TRACE_POINTS = [
@@ -136,14 +137,14 @@ def _trace(src: str) -> str:
     src = src.replace(old, "SPLIT, m_smem, LAZY, skip_ptr)),")
     old = "        lse if skip is None else skip[0], T,"
     assert src.count(old) == 1
-    src = src.replace(old, "        _trace_buffer(grid, q.device), T,")
+    src = src.replace(old, "        _trace_buffer(grid, max(cluster, 1), q.device), T,")
     src = src.replace("\ndef launch(", """
 TRACE = None
 
 
-def _trace_buffer(grid, device):
-    global TRACE  # (every CTA stores all its slots that are read: no memset on the timed path)
-    TRACE = torch.empty(grid[0] * grid[1] * 128 * 16, dtype=torch.int32, device=device)
+def _trace_buffer(grid, cluster, device):
+    global TRACE  # (every CTA (clusters: grid[0] * cluster of them) stores the slots that are read: no memset)
+    TRACE = torch.empty(grid[0] * cluster * grid[1] * 128 * 16, dtype=torch.int32, device=device)
     return TRACE
 
 

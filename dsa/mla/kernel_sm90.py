@@ -123,11 +123,26 @@ PERSIST = True
 
 
 @gluon.jit
+def _tile_idx(idx_row, n0, stop, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Index-list entries ``[n0, n0 + BLOCK_N)`` as loaded, -1 from ``stop`` on (so :func:`_idx_valid` is the
+    whole test). The math warpgroups load the next tile's entries behind this tile's P.V and test them after the
+    next QK: loaded at the tile's own top, their test right after the ``full`` wait stalled every tile for a
+    global round trip (about 590 of a 32-head prefill tile's 3,200 clocks on an H100; BENCHMARKS.md, seventieth
+    session). A persistent ping-pong program has no registers to spare for them and loads its own late."""
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout)
+    return gl.load(idx_row + offs_n, mask=offs_n < stop, other=-1)
+
+
+@gluon.jit
+def _idx_valid(idx, S):
+    return (idx >= 0) & (idx < S)
+
+
+@gluon.jit
 def _tile_rows(idx_row, n0, stop, S, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Index-list entries ``[n0, n0 + BLOCK_N)`` as (valid, int64 row) vectors in ``layout``."""
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout)
-    idx = gl.load(idx_row + offs_n, mask=offs_n < stop, other=-1)
-    valid = (offs_n < stop) & (idx >= 0) & (idx < S)
+    idx = _tile_idx(idx_row, n0, stop, BLOCK_N, layout)
+    valid = _idx_valid(idx, S)
     return valid, gl.where(valid, idx, 0).to(gl.int64)
 
 
@@ -394,22 +409,24 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
     l_2d = gl.zeros([BH, BN], gl.float32, s_layout)
     acc = gl.zeros([BH, DV], gl.float32, o_layout)
     s_zero = gl.zeros([BH, BN], gl.float32, s_layout)
+    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    idx_t = _tile_idx(idx_row, start, stop, BN, col_l)
     for i in range(n_tiles):
         s = i % 2
-        valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(0, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
         sc = warpgroup_mma(q_rope_smem, k_rope_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_nope_smem, kn.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
-        p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 0)
+        p, alpha, l_2d, m_i = _softmax_step(sc, _idx_valid(idx_t, S), m_i, l_2d, sm_scale_log2, 0)
 
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
         acc = warpgroup_mma(p_smem, kn.slice(0, DV, dim=1), acc * alpha_o[:, None], is_async=True)
+        idx_t = _tile_idx(idx_row, start + (i + 1) * BN, stop, BN, col_l)  # the next tile's (behind this P.V)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()  # both warpgroups are done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
@@ -450,9 +467,10 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     acc = gl.zeros([DV, BH], gl.float32, o_layout)  # O^T
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
     m_top = gl.full([BH], float("-inf"), gl.float32, head_s)  # LAZY: the true running max (m_i the reference)
+    row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+    idx_t = _tile_idx(idx_row, start, stop, BN, row_l)
     for i in range(n_tiles):
         s = i % 2
-        valid_s, _ = _tile_rows(idx_row, start + i * BN, stop, S, BN, gl.SliceLayout(1, s_layout))
         mbarrier.wait(full.index(s), (i // 2) & 1)
         kn = k_nope_smem.index(s)
         sc = warpgroup_mma(k_rope_smem.index(s), q_rope_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -460,7 +478,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
 
         if LAZY:
-            sc = gl.where(gl.expand_dims(valid_s, 1), sc * sm_scale_log2, float("-inf"))
+            sc = gl.where(gl.expand_dims(_idx_valid(idx_t, S), 1), sc * sm_scale_log2, float("-inf"))
             m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
             ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
             p = gl.exp2(sc - gl.expand_dims(ref, 0))
@@ -487,13 +505,14 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
                 l_2d = l_2d + p
             acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)
         else:
-            p, alpha, l_2d, m_i = _softmax_step(sc, valid_s, m_i, l_2d, sm_scale_log2, 1)
+            p, alpha, l_2d, m_i = _softmax_step(sc, _idx_valid(idx_t, S), m_i, l_2d, sm_scale_log2, 1)
 
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
             acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc * alpha_o[None, :], is_async=True)
+        idx_t = _tile_idx(idx_row, start + (i + 1) * BN, stop, BN, row_l)  # the next tile's (behind this P.V)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()  # every warp is done with the buffer and with P (one thread signals for all)
         mbarrier.arrive(empty.index(s))
@@ -627,6 +646,9 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
     l_run = gl.zeros([BH], gl.float32, row_s)
     acc = gl.zeros([BH, 256], gl.float32, o_layout)
     sc = gl.zeros([BH, BN], gl.float32, s_layout)  # (its values are never read: each QK overwrites it)
+    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if qfree is None:  # (a persistent program keeps no registers for the next pair's: it loads its own late)
+        idx_t = _tile_idx(idx_row, start + WG * BN, stop, BN, col_l)
     for p in range(n_pairs):
         ph = (gp + p) & 1
         # (z is 0: the buffers' and q's addresses are formed in the loop, so that the compiler does not hoist the
@@ -653,8 +675,9 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
         if qfree is not None:
             if p == n_pairs - 1:  # this warpgroup's last QK of the item is done: the producer may copy the next q
                 _signal(qfree)
-        valid_s, _ = _tile_rows(idx_row, start + (2 * p + WG) * BN, stop, S, BN, gl.SliceLayout(0, s_layout))
-        sc = gl.where(valid_s[None, :], sc * sm_scale_log2, float("-inf"))
+        if qfree is not None:
+            idx_t = _tile_idx(idx_row, start + (2 * p + WG) * BN, stop, BN, col_l)
+        sc = gl.where(_idx_valid(idx_t, S)[None, :], sc * sm_scale_log2, float("-inf"))
         m_prev = m_run
         if WG == 1:
             mbarrier.wait(xbar.index(0), ph)  # warpgroup 0's new max
@@ -671,6 +694,8 @@ def _math_pp(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p1_smem, m_smem
         p_bf = pr.to(gl.bfloat16)
         # own P from registers, own half of the columns
         acc = warpgroup_mma(gl.convert_layout(p_bf, a_layout), kn_own.slice(256 * WG, 256, dim=1), acc, is_async=True)
+        if qfree is None:
+            idx_t = _tile_idx(idx_row, start + (2 * p + 2 + WG) * BN, stop, BN, col_l)  # the next pair's (behind P.V)
         if WG == 0:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             _signal(free.index(0))  # 0L: QK and this P.V were its readers
