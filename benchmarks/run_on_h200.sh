@@ -22,7 +22,7 @@
 #   8. where the `dsa run` workload's CUDA-graph decode steps spend their time, with each step waiting for its tokens
 #      and without (benchmarks/engine_step_split.py).
 # STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine. Not in the
-# default: trace (the 32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant).
+# default: trace (the 16/32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant).
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
@@ -73,7 +73,7 @@ if on plans; then
 fi
 if on trace; then
   timeout 200 python3 benchmarks/whatif_sm90.py --variants=real,trace,nocopy+trace 3 decode_fp8_h32_b64 \
-    prefill_bf16_h32 > "$OUT/trace.txt" 2>&1; echo "trace rc=$?" >> "$OUT/trace.txt"
+    prefill_bf16_h32 decode_fp8_h16_b16 prefill_bf16_h16 > "$OUT/trace.txt" 2>&1; echo "trace rc=$?" >> "$OUT/trace.txt"
 fi
 if on engine; then
   timeout 300 python3 benchmarks/engine_step_split.py > "$OUT/engine.txt" 2>&1; echo "engine rc=$?" >> "$OUT/engine.txt"

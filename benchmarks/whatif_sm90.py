@@ -22,7 +22,8 @@ one kind of work removed (WRONG values), imported under another name and swapped
 * ``tpr8``: a candidate: 8 producer threads per row on alternate tiles too (one 128-byte request per row and group).
 * ``trace``: not a what-if but a measurement: the real kernel with ``%clock`` read at eight points of the math
   warpgroup's loop (:data:`TRACE_POINTS`), each thread summing the clocks between them; printed per tile (the
-  mean over the math threads and CTAs). The clock reads themselves add a few instructions to the chain.
+  mean over the math threads and CTAs; the lazy softmax's points at 32 heads, the plain one's at 16 heads and
+  with ``nolazy``). The clock reads themselves add a few instructions to the chain.
 * ``none``: ``nocopy`` and ``nomath``: the barriers, the index lists, q, the epilogue and the launch (its CTAs keep
   only q's shared memory, so several may share an SM).
 
@@ -73,15 +74,20 @@ FP8_LATER_STORES = "".join(f"            kn.slice({g} * 128, 128, dim=1).store((
                            ".to(gl.bfloat16))\n" for g in (1, 2, 3))
 SOFTMAX = "            p, alpha, l_2d, m_i = _softmax_step(sc, _idx_valid(idx_t, S), m_i, l_2d, sm_scale_log2, 1)\n"
 
-#: the trace's phases, in loop order: (name, the source line the clock is read after, or before with a leading "<")
+#: the trace's phases, in loop order: (name, the source line the clock is read after, or before with a leading "<";
+#: then, for the phases inside the softmax, the same point in the plain softmax's branch: 16-head groups, ``nolazy``)
 TRACE_POINTS = [
     ("wait full", "        mbarrier.wait(full.index(s), (i // 2) & 1)\n"),
     ("QK", "        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))\n"),
-    ("softmax, P stored", "<            fence_async_shared()\n            gl.thread_barrier()\n"),
-    ("fence", "<            gl.thread_barrier()\n            m1 = "),
-    ("barrier", "            gl.thread_barrier()\n            m1 = "),
+    ("softmax, P stored", "<            fence_async_shared()\n            gl.thread_barrier()\n            m1 = ",
+     "<            fence_async_shared()\n            gl.thread_barrier()\n            alpha_o = "),
+    ("fence", "<            gl.thread_barrier()\n            m1 = ",
+     "<            gl.thread_barrier()\n            alpha_o = "),
+    ("barrier", "            gl.thread_barrier()\n            m1 = ",
+     "            gl.thread_barrier()\n            alpha_o = "),
     ("to the P.V issue",
-     "<            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)\n"),
+     "<            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)\n",
+     "<            acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc * alpha_o[None, :], "),
     ("P.V", MATH_END),
     ("release, loop", "        mbarrier.arrive(empty.index(s))\n\n    l_i = gl.sum(l_2d, 0)"),
 ]
@@ -112,19 +118,18 @@ def _trace(src: str) -> str:
     n = len(TRACE_POINTS)
     init = "".join(f"    tr{k} = gl.zeros([128], gl.int32, gl.BlockedLayout([1], [32], [4], [0]))\n" for k in range(n))
     body = body.replace(loop, init + loop + "        c_prev = _clock(4)\n")
-    for k, (_, at) in enumerate(TRACE_POINTS):
+    for k, (_, *anchors) in enumerate(TRACE_POINTS):
         read = (f"{{ind}}c_now = _clock(4)\n{{ind}}tr{k} += c_now - c_prev\n{{ind}}c_prev = c_now\n")
-        before = at.startswith("<")
-        at = at.lstrip("<")
-        assert body.count(at) >= 1, at
-        j = body.index(at)
-        line = at if before else at.split("\n")[0] + "\n"
-        ind = line[:len(line) - len(line.lstrip(" "))]
-        code = read.format(ind=ind)
-        if before:
-            body = body[:j] + code + body[j:]
-        else:
-            j += len(line)
+        for at in anchors:  # (one runs: the lazy branch or the plain one, a constexpr choice)
+            before = at.startswith("<")
+            at = at.lstrip("<")
+            assert body.count(at) == 1, at
+            j = body.index(at)
+            line = at.split("\n")[0] + "\n"
+            ind = line[:len(line) - len(line.lstrip(" "))]
+            code = read.format(ind=ind)
+            if not before:
+                j += len(line)
             body = body[:j] + code + body[j:]
     tail = "    l_i = gl.sum(l_2d, 0)\n"
     assert body.count(tail) == 1
@@ -251,10 +256,10 @@ def compile_sm90(mod, fp8: bool, bh: int):
 
 def applies(v: str, h_q: int) -> bool:
     """Whether variant ``v`` changes anything at ``h_q`` heads (else it is not timed): ``nosoftmax`` alone touches
-    16-head groups only (32-head ones take the lazy softmax), ``nolazy`` and ``trace`` 32-head ones."""
+    16-head groups only (32-head ones take the lazy softmax), ``nolazy`` 32-head ones."""
     parts = set(v.split("+"))
     return not (("nosoftmax" in parts and "nolazy" not in parts and h_q != 16)
-                or (parts & {"nolazy", "trace"} and h_q != 32))
+                or ("nolazy" in parts and h_q != 32))
 
 
 def main():
@@ -297,7 +302,7 @@ def main():
             if "trace" in v.split("+"):
                 call(v)
                 torch.cuda.synchronize()
-                print(name, v, "clocks per tile:", dict(zip([n for n, _ in TRACE_POINTS], trace_table(mods[v]))),
+                print(name, v, "clocks per tile:", dict(zip([p[0] for p in TRACE_POINTS], trace_table(mods[v]))),
                       flush=True)
         med = {v: sorted(x)[len(x) // 2] for v, x in times.items()}
         print(name, {v: [round(x, 1) for x in xs] for v, xs in times.items()}, flush=True)
