@@ -16,10 +16,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from whatif_bulk import import_source  # noqa: E402
+from whatif_sm90 import call_with  # noqa: E402
 
 from dsa import _replay  # noqa: E402
 from dsa.bench import interleaved_us, mla_counts, mla_inputs, mla_run_checked  # noqa: E402
-from dsa.mla import kernel as K  # noqa: E402
 from dsa.mla import kernel_sm90, sparse_mla_ref  # noqa: E402
 
 # (name, T, h_q, topk, num_req, s_kv, format); decode rows: one token per request
@@ -52,11 +52,7 @@ def main():
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
 
         def call(v):
-            before, K.kernel_sm90 = K.kernel_sm90, mods[v]
-            try:
-                return K.sparse_mla_triton(q, flat, idx, sm, out=out)
-            finally:
-                K.kernel_sm90 = before
+            return call_with(mods[v], q, flat, idx, sm, out=out)
 
         want = None if prefill else sparse_mla_ref(q, flat, idx, sm)
         res, errs = {}, {}

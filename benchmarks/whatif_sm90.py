@@ -254,6 +254,16 @@ def compile_sm90(mod, fp8: bool, bh: int):
     return mod._compile_with_cluster(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
 
+def call_with(mod, *args, **kwargs):
+    """``sparse_mla_triton(*args, **kwargs)`` with ``mod`` (a variant, or another source of the module) in
+    ``kernel_sm90``'s place for the call."""
+    before, K.kernel_sm90 = K.kernel_sm90, mod
+    try:
+        return K.sparse_mla_triton(*args, **kwargs)
+    finally:
+        K.kernel_sm90 = before
+
+
 def applies(v: str, h_q: int) -> bool:
     """Whether variant ``v`` changes anything at ``h_q`` heads (else it is not timed): ``nosoftmax`` alone touches
     16-head groups only (32-head ones take the lazy softmax), ``nolazy`` 32-head ones."""
@@ -280,11 +290,7 @@ def main():
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
 
         def call(v):
-            before, K.kernel_sm90 = K.kernel_sm90, mods[v]
-            try:
-                return K.sparse_mla_triton(q, flat, idx, sm, out=out)
-            finally:
-                K.kernel_sm90 = before
+            return call_with(mods[v], q, flat, idx, sm, out=out)
 
         times = {v: [float("nan")] for v in VARIANTS}
         runs = []
