@@ -35,9 +35,10 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * 16/32-head groups (:func:`_math_rows`, one math warpgroup): the gathered rows are the M dimension of
   both products and the heads their N (S^T = K q^T, O^T = V^T P^T, V^T read transposed from the tile),
   so no MMA work goes to padding heads. 32-head groups take P against the earlier tiles' max (``LAZY_MAX``): each
-  warp's maxima travel with the barrier that follows the P store, and only a max that grows by more than
-  ``LAZY_TAU`` redoes P and rescales the accumulator (3-4% faster at batch 64-128 and in prefill; no gain at 16
-  heads, where the producers' fill sets the time per tile). Two math warpgroups splitting the output columns were
+  warp's verdict (a warp vote: does any of its logits exceed that max by more than ``LAZY_TAU``?) travels with the
+  barrier that follows the P store, and only then are the maxima exchanged, P redone and the accumulator rescaled
+  (3-4% faster at batch 64-128 and in prefill; no gain at 16 heads, where the producers' fill sets the time per
+  tile). Two math warpgroups splitting the output columns were
   measured slower (BENCHMARKS.md).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
@@ -436,6 +437,19 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
 
 
 @gluon.jit
+def _warp_any(pred, BH: gl.constexpr):
+    """``[64, BH]`` booleans in the 64-row wgmma accumulator layout (thread ``l`` of warp ``w`` holds rows ``16 w +
+    l // 4`` and ``16 w + 8 + l // 4``, columns ``8 j + 2 (l % 4) + c``) -> ``[4, 32]`` int32, one per thread: 1
+    where any of its warp's values is set. Each thread ORs its own values (no data crosses threads), then a warp
+    vote."""
+    x = gl.reshape(pred.to(gl.int32), [4, 2, 8, BH // 8, 4, 2])
+    x = gl.max(gl.max(gl.max(x, 5), 3), 1)  # [4, 8, 4]: warp, l // 4, l % 4
+    x = gl.reshape(x, [4, 32])
+    return gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $1, 0; vote.sync.any.pred p, p, 0xffffffff; "
+                                     "selp.s32 $0, 1, 0, p; }", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr, stride_qt,
                   stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
                   sid, T, h_q, S, start, stop, n_tiles, sm_scale_log2, BH: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -445,12 +459,15 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     on padding heads; per tile wait for ``full``, the two products and the online softmax, release the
     buffer (``empty``); the epilogue at the end.
 
-    ``LAZY``: P is taken against the reference max of the earlier tiles, not this tile's, and each warp's max of
-    the tile's rows goes through ``m_smem`` ``[4, BH]`` with the P store's barrier (one barrier round instead of
-    the reduction's two plus that one); only when some head's tile max exceeds the reference by more than
-    ``LAZY_TAU`` (and at the first valid tile) are P, the sums and the accumulator redone against the new max.
-    P is then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum, exact for
-    any reference; max_logits comes from the true running max."""
+    ``LAZY``: P is taken against the reference max of the earlier tiles, not this tile's. Each warp votes whether
+    any of its logits exceeds the reference by more than ``LAZY_TAU`` and writes its verdict to ``m_smem``
+    (``[4, 32]`` fp32, warp ``w``'s row) before the P store's barrier; past it each thread reads ``BH / 4`` words
+    (32 heads: one of every warp) and two shuffles decide. Only then (and at the first valid tile) do the warps
+    exchange their maxima through ``m_smem`` and redo P, the sums and the accumulator against the new max. P is
+    then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum, exact for any
+    reference; max_logits comes from the true running max, which each thread keeps for its own two rows until the
+    epilogue. (The verdicts are read in the heads' layout: read by every thread from the same words, the
+    compiler spilled 160 bytes.)"""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -466,7 +483,8 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     l_2d = gl.zeros([BN, BH], gl.float32, s_layout)  # per-row partial sums, reduced over the rows at the end
     acc = gl.zeros([DV, BH], gl.float32, o_layout)  # O^T
     s_zero = gl.zeros([BN, BH], gl.float32, s_layout)
-    m_top = gl.full([BH], float("-inf"), gl.float32, head_s)  # LAZY: the true running max (m_i the reference)
+    # LAZY: the true running max (m_i is the reference), each thread's of its own two rows until the epilogue
+    m_top = gl.max(gl.reshape(gl.full([BN, BH], float("-inf"), gl.float32, s_layout), [4, 2, 8, BH]), 1)
     row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
     idx_t = _tile_idx(idx_row, start, stop, BN, row_l)
     for i in range(n_tiles):
@@ -479,18 +497,23 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
 
         if LAZY:
             sc = gl.where(gl.expand_dims(_idx_valid(idx_t, S), 1), sc * sm_scale_log2, float("-inf"))
-            m_smem.store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w: rows [16 w, 16 w + 16)
+            m_top = gl.maximum(m_top, gl.max(gl.reshape(sc, [4, 2, 8, BH]), 1))  # each thread its own rows'
             ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
             p = gl.exp2(sc - gl.expand_dims(ref, 0))
+            # each warp's verdict (does any of its logits exceed the reference by more than LAZY_TAU?), a warp vote
+            m_smem.store(_warp_any(sc > gl.expand_dims(m_i + LAZY_TAU, 0), BH).to(gl.float32))
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            m1 = m_smem._reinterpret(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-            m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(BH, BH).load(head_s)),
-                             gl.maximum(m1.slice(2 * BH, BH).load(head_s), m1.slice(3 * BH, BH).load(head_s)))
-            m_top = gl.maximum(m_top, m_t)
-            grow = gl.max(gl.where(m_t == float("-inf"), float("-inf"), m_t - m_i), axis=0) > LAZY_TAU
+            v = m_smem.slice(0, BH // 4, dim=1).load(gl.reshape(m_i, [4, BH // 4]).type.layout)
+            grow = gl.max(gl.max(v, 0), 0) != 0.0
             if grow:
+                gl.thread_barrier()  # (every warp has read the verdicts)
+                m_smem.slice(0, BH, dim=1).store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w's rows
+                gl.thread_barrier()
+                m1 = m_smem._reinterpret(gl.float32, [4 * 32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+                m_t = gl.maximum(gl.maximum(m1.slice(0, BH).load(head_s), m1.slice(32, BH).load(head_s)),
+                                 gl.maximum(m1.slice(64, BH).load(head_s), m1.slice(96, BH).load(head_s)))
                 m_new = gl.maximum(m_i, m_t)
                 m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = gl.exp2(m_i - m_use)
@@ -519,7 +542,7 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
 
     l_i = gl.sum(l_2d, 0)
     _epilogue(acc, l_i, m_i, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr, lse_ptr, t64, hg,
-              sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, m_top if LAZY else None)
+              sid, T, h_q, BH, 0, 1, o_layout, HAS_SINK, SPLIT, True, gl.max(gl.max(m_top, 1), 0) if LAZY else None)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -970,7 +993,8 @@ def _sparse_mla_sm90_kernel(
         else:  # P^T
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH],
                                                gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
-            m_smem = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            # (the lazy softmax's verdicts and maxima, :func:`_math_rows`)
+            m_smem = gl.allocate_shared_memory(gl.float32, [4, 32], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2):
