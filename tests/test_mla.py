@@ -1691,6 +1691,16 @@ def test_sm90_tile_stores_fenced_before_wgmma():
         assert not unfenced, (name, unfenced)
 
 
+def test_sm90_small_head_variants_do_not_spill():
+    """The 16/32-head variants of the Hopper kernel (one math warpgroup holding the whole O^T accumulator, 128 of its
+    registers at 32 heads) keep everything in registers: no local-memory store or load in their sm_90a SASS. A spill
+    there is not a few cold bytes: in the seventy-first session's lazy-softmax variant it reloaded the wgmma
+    descriptors after every ``full`` wait and made the 32-head rows 5-10% slower (BENCHMARKS.md)."""
+    for name in ("16 fp8", "32 fp8", "32 bf16"):
+        local = [r[3] for r in _sm90_sass()[name] if _op(r[3]).startswith(("STL", "LDL"))]
+        assert not local, (name, local)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H,kv_format,T", [(16, "fp8_ds_mla", 4), (32, "bf16", 40), (128, "fp8_ds_mla", 2)])
 def test_gpu_sm90_variants_prefer_l1(H, kv_format, T, monkeypatch):
