@@ -1229,10 +1229,10 @@ def test_gpu_sm90_sliced_heads_default(T, H, kv_format, want, monkeypatch):
                                              (7, 24, 129, 1), (4, 8, 640, None), (33, 40, 200, 1)])
 @pytest.mark.parametrize("kv_format,producer", [("bf16", None), ("fp8_ds_mla", None), ("fp8_ds_mla", dict(early=2)),
                                                ("fp8_ds_mla", dict(warps=4)), ("fp8_ds_mla", dict(alt=1)),
-                                               ("fp8_ds_mla", dict(alt=0))])
+                                               ("fp8_ds_mla", dict(alt=0)), ("bf16", dict(warps=8, alt=1))])
 def test_gpu_sm90_rows_kernel(T, H, topk, splits, kv_format, producer, monkeypatch):
     """The small-head Gluon kernel (rows as the M dimension, 16/32-head groups; h_q 40 = a 32-head group and a
-    masked one; fp8 with its two producer warpgroups taking alternate tiles whenever there are any (``alt`` 1:
+    masked one; fp8 and bf16 with two producer warpgroups taking alternate tiles whenever there are any (``alt`` 1:
     programs with 1, 2, 3, ... tiles, so one warpgroup may have none) or sharing every tile (``alt`` 0), also with
     two groups loaded early, and with one warpgroup) against the reference and the small-head Triton
     programs: tails, invalid entries, empty rows, topk_length, sink, splits, NaN in unused slots, poisoned out;
@@ -1514,9 +1514,10 @@ _COMPILE_VARIANTS = _SM90_BUILD + r"""
 VARIANTS = {"64 bf16": (False, 64, False, False, 8), "64 fp8": (True, 64, False, False, 8),
             "pingpong": (False, 64, True, False, 4), "pingpong persistent": (False, 64, True, True, 4),
             "16 fp8": (True, 16, False, False, 4), "32 fp8": (True, 32, False, False, 4),
-            "32 bf16": (False, 32, False, False, 4)}
+            "32 bf16": (False, 32, False, False, 4), "16 bf16 waves": (False, 16, False, False, 4)}
 for name, (fp8, bh, pp, persist, nw) in VARIANTS.items():
-    prod = kernel_sm90.producer_config(fp8, bh, pp)  # what launch() uses for that head group
+    # what launch() uses for that head group (a launch of several waves: bf16 16-head groups on alternate tiles)
+    prod = kernel_sm90.producer_config(fp8, bh, pp, waves=True)
     consts = dict(IS_FP8=fp8, HAS_LEN=True, HAS_SINK=True, SPLIT=False, BH=bh, PINGPONG=pp,
                   PRODUCER_WARPS=prod["warps"], PRODUCER_REGS=prod["regs"], EARLY=prod["early"],
                   MATH_REGS=prod["math_regs"], CLUSTER=0, ALT=kernel_sm90.alternate_tiles(prod, bh, 2048),
@@ -1696,7 +1697,7 @@ def test_sm90_small_head_variants_do_not_spill():
     registers at 32 heads) keep everything in registers: no local-memory store or load in their sm_90a SASS. A spill
     there is not a few cold bytes: in the seventy-first session's lazy-softmax variant it reloaded the wgmma
     descriptors after every ``full`` wait and made the 32-head rows 5-10% slower (BENCHMARKS.md)."""
-    for name in ("16 fp8", "32 fp8", "32 bf16"):
+    for name in ("16 fp8", "32 fp8", "32 bf16", "16 bf16 waves"):
         local = [r[3] for r in _sm90_sass()[name] if _op(r[3]).startswith(("STL", "LDL"))]
         assert not local, (name, local)
 
@@ -1742,11 +1743,17 @@ def test_sm90_producer_config():
     assert K.producer_config(True, 16, False, dict(early=2, regs=96)) == dict(warps=8, regs=96, early=2, math_regs=0,
                                                                               alt=K.PRODUCER_ROWS_FP8["alt"])
     assert K.producer_config(False, 64, False, dict(warps=4)) == dict(K.PRODUCER[False], warps=4, math_regs=0, alt=0)
+    # a launch of several waves: bf16 16-head groups take two warpgroups (alternate tiles), nothing else changes
+    assert K.producer_config(False, 16, False, waves=True) == dict(K.PRODUCER[False], math_regs=0,
+                                                                   **K.PRODUCER_ROWS_BF16_WAVES)
+    for args in ((False, 32, False), (False, 64, False), (False, 64, True), (True, 16, False), (True, 64, False)):
+        assert K.producer_config(*args, waves=True) == K.producer_config(*args), args
 
 
 def test_sm90_alternate_tiles():
-    """When the two producer warpgroups of a 16/32-head group take alternate tiles: from ``alt`` tiles per program
-    on (decode at batch 32 and more, prefill), never with one warpgroup, for 64-head groups or the bf16 cache."""
+    """When the two producer warpgroups of a 16/32-head group take alternate tiles: fp8 from ``alt`` tiles per
+    program on (decode at batch 32 and more, prefill); bf16 only 16-head groups in launches of several waves; never
+    with one warpgroup or for 64-head groups."""
     from dsa.mla import kernel_sm90 as K
 
     fp8 = K.producer_config(True, 16, False)
@@ -1759,6 +1766,40 @@ def test_sm90_alternate_tiles():
     assert K.alternate_tiles(K.producer_config(True, 16, False, dict(alt=1)), 16, 64)
     assert not K.alternate_tiles(K.producer_config(True, 64, False), 64, 2048)
     assert not K.alternate_tiles(K.producer_config(False, 16, False), 16, 2048)
+    bf16_waves = K.producer_config(False, 16, False, waves=True)
+    assert K.alternate_tiles(bf16_waves, 16, 64) and K.alternate_tiles(bf16_waves, 16, 2048)
+    assert not K.alternate_tiles(K.producer_config(False, 32, False, waves=True), 32, 2048)
+
+
+def test_sm90_launch_alternates_bf16_tiles_over_several_waves(monkeypatch):
+    """``launch`` gives 16-head groups over the bf16 cache two producer warpgroups on alternate tiles exactly when it
+    launches more CTAs than SMs (programs x splits x cluster size), and never 32-head groups. The kernel is replaced
+    by a spy that records what it would have been compiled with (CPU tensors: nothing runs)."""
+    import types
+
+    from dsa.mla import kernel_sm90 as K
+
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*a, **k):
+                seen.append((k["PRODUCER_WARPS"], k["ALT"]))
+                return types.SimpleNamespace(packed_metadata=(0, max(k["CLUSTER"], 1)))
+            return run
+
+    monkeypatch.setattr(K, "_sparse_mla_sm90_kernel", Spy())
+    kv = torch.zeros(64, 576, dtype=torch.bfloat16)
+    f32 = torch.zeros(4, 32, 512)
+    for grid, cluster, bh, num_sms, want in [((133, 1), 0, 16, 132, True), ((132, 1), 0, 16, 132, False),
+                                              ((67, 2), 0, 16, 132, True), ((66, 2), 0, 16, 132, False),
+                                              ((34, 1), 4, 16, 132, True), ((33, 1), 4, 16, 132, False),
+                                              ((133, 1), 0, 16, 0, False), ((4096, 1), 0, 32, 132, False)]:
+        q = torch.zeros(4, bh, 576, dtype=torch.bfloat16)
+        K.launch(grid, q, kv[:, :512], kv, 0, kv[:, 512:], torch.zeros(4, 2048, dtype=torch.int32), f32, f32, f32,
+                 0, 0, 0, f32, f32, 4, bh, 64, 2048, 2048, 1.0, False, False, cluster > 0 or grid[1] > 1, block_h=bh,
+                 cluster=cluster, final=(f32, 0, 0, f32, f32) if cluster else None, num_sms=num_sms)
+        assert seen[-1] == ((8, True) if want else (4, False)), (grid, cluster, bh, num_sms, seen[-1])
 
 
 def test_sm90_prefer_l1_only_warns_when_refused(monkeypatch):

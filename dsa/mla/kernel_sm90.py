@@ -8,7 +8,8 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
 * One program = one head group of one query token (and one split of its index list), walking the list
   in tiles of 64 gathered cache rows, one CTA per SM (160-225 KiB of shared memory).
 * Warp specialisation (:func:`_producer`): a producer warpgroup (two for 16/32-head groups over the fp8_ds_mla
-  cache, sharing each tile, or with 8 or more tiles per program taking alternate tiles) fills two bf16 tile
+  cache, sharing each tile, or with 8 or more tiles per program taking alternate tiles; two on alternate tiles for
+  16-head groups over the bf16 cache in launches of several waves) fills two bf16 tile
   buffers while the math warps use the other one, with two mbarriers per buffer (full, empty). bf16 cache: the
   rows are copied with ``cp.async``. fp8_ds_mla: the raw fp8 values and group scales are loaded into the
   producer's registers (``early`` of the four 128-value groups before the buffer is free) and
@@ -102,6 +103,14 @@ PRODUCER = {False: dict(regs=96, early=2), True: dict(regs=120, early=4)}  # key
 #: 41.9 / 70.6, h_q 32 35.1 / 56.8 / 96.4 -> 31.8 / 49.9 / 83.4; but h_q 16 batch 16 (4 tiles) 17.4 -> 17.9 and
 #: batch 1 (2 tiles) 9.4 -> 10.2. (bf16: no gain, batch 32 29.8 -> 30.4.)
 PRODUCER_ROWS_FP8 = dict(regs=120, early=4, warps=8, alt=8)
+#: 16-head groups over the bf16 cache in launches of more CTAs than SMs (several waves: prefill, decode past about
+#: 132 tokens) take two producer warpgroups on alternate tiles as well: one warpgroup waits for a tile's copies to
+#: land before it issues the next tile's, two keep both buffers' copies in flight. H100, topk 2048, medians of 5
+#: interleaved rounds (BENCHMARKS.md, seventy-third session): prefill over 128K rows T 256 / 512 / 1024 / 4096 183.3 /
+#: 260.3 / 498.1 / 1919.3 -> 180.2 / 253.3 / 483.9 / 1878.5 us; decode (CUDA graphs) batch 256 (32K) 212.9 -> 211.4,
+#: 512 (16K) 414.2 -> 410.0. Not in one wave (batch 32 / 64 / 128 36.4 / 61.5 / 109.0 -> 37.4 / 62.6 / 109.9) nor
+#: for 32-head groups (prefill 2054.6 -> 2061.0, batch 64 65.8 -> 67.2).
+PRODUCER_ROWS_BF16_WAVES = dict(warps=8, alt=1)
 #: the head-group sizes (``block_h``) whose math warpgroup takes P against the earlier tiles' max, one barrier round
 #: per tile (:func:`_math_rows`, ``LAZY``), and how far a tile's max may exceed it (log2 units) before P is redone
 #: against the new max. H200, CUDA graphs, s_q 1, 32K, 3 rounds (BENCHMARKS.md): 32-head groups fp8 batch 64 / 128
@@ -1010,7 +1019,7 @@ def _sparse_mla_sm90_kernel(
                              rope_ptr, stride_rope, idx_row, start, n_tiles, stop, S, IS_FP8, PRODUCER_WARPS, EARLY,
                              CLUSTER)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
-        elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (``PRODUCER_ROWS_FP8["alt"]``)
+        elif ALT:  # 16/32 heads: two producer warpgroups, each filling every other tile (:func:`alternate_tiles`)
             gl.warp_specialize([
                 (_math_rows, (q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, empty, q_ptr,
                               stride_qt, stride_qh, idx_row, sink_ptr, out_ptr, stride_ot, stride_oh, stride_os, ml_ptr,
@@ -1107,16 +1116,20 @@ def max_active_clusters(n: int, device_index: int = 0) -> int | None:
     return int(count.value) if rc == 0 else None
 
 
-def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None) -> dict:
+def producer_config(is_fp8: bool, block_h: int, pingpong: bool, producer: dict | None = None,
+                    waves: bool = False) -> dict:
     """The producer settings a launch uses: ``warps``, ``regs``, ``early`` (fp8 groups loaded before a buffer is
     free), ``math_regs`` (the ping-pong's worker math warpgroup) and ``alt`` (tiles per program from which two
     producer warpgroups take alternate tiles, :func:`alternate_tiles`): :data:`PRODUCER_PP` for the ping-pong
-    schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, else :data:`PRODUCER`; then
-    ``producer``'s entries over them (benchmarks)."""
+    schedule, :data:`PRODUCER_ROWS_FP8` for 16/32-head groups over the fp8 cache, :data:`PRODUCER_ROWS_BF16_WAVES`
+    over :data:`PRODUCER` for 16-head groups over the bf16 cache in a launch of more CTAs than SMs (``waves``), else
+    :data:`PRODUCER`; then ``producer``'s entries over them (benchmarks)."""
     if pingpong:
         base = PRODUCER_PP
     elif is_fp8 and block_h < BLOCK_H:
         base = PRODUCER_ROWS_FP8
+    elif waves and not is_fp8 and block_h == 16:
+        base = {**PRODUCER[False], **PRODUCER_ROWS_BF16_WAVES}
     else:
         base = PRODUCER[is_fp8]
     return {"warps": PRODUCER_WARPS, "early": 0, "math_regs": 0, "alt": 0, **base, **(producer or {})}
@@ -1155,7 +1168,7 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
     else:
         cluster, final = 0, (out, 0, 0, ml, lse)  # (unused)
     pp = block_h == BLOCK_H and not is_fp8 and (PINGPONG if pingpong is None else pingpong)
-    prod = producer_config(is_fp8, block_h, pp, producer)
+    prod = producer_config(is_fp8, block_h, pp, producer, waves=0 < num_sms < grid[0] * grid[1] * max(cluster, 1))
     if persist is None:
         persist = PERSIST and h_q > BLOCK_H
     persist = (persist and pp and not split and cluster == 0 and num_sms > 0
