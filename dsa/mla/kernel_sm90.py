@@ -1146,8 +1146,8 @@ def launch(grid, q, nope, scales, stride_scale, rope, indices, len_arg, sink_arg
            stride_os, ml, lse, T, h_q, S, topk, split_len, scale_log2, has_len, has_sink, split, block_h=BLOCK_H,
            producer=None, pingpong=None, cluster=0, final=None, num_sms=0, persist=None, skip=None):
     """Launch on validated, prepared arguments (called by :func:`dsa.mla.kernel.sparse_mla_triton` when
-    :func:`supported`); ``producer`` overrides entries of :data:`PRODUCER` / :data:`PRODUCER_ROWS_FP8` /
-    :data:`PRODUCER_PP` (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
+    :func:`supported`); ``producer`` overrides entries of what :func:`producer_config` picks (``waves``: more CTAs
+    than ``num_sms``) (``regs``, ``early``, ``warps``, ``math_regs``, ``alt``: benchmarks, tests); ``pingpong``
     (64-head groups) picks the ping-pong schedule (``None``: :data:`PINGPONG`). ``cluster`` > 1 (a power of two, at most
     :data:`MAX_CLUSTER`; ``grid`` = ``(T * head groups, 1)``): the ``cluster`` splits of each (token, head group)
     run as one cluster of CTAs, which merge their partials (``out``, ``ml``, ``lse``: ``[cluster, T, h_q, ...]``
