@@ -1731,6 +1731,35 @@ def test_gpu_sm90_variants_prefer_l1(H, kv_format, T, monkeypatch):
     assert_matches(got, sparse_mla_ref(q, kv, idx, sm), max_abs_v(kv, idx, 4096))
 
 
+@pytest.mark.gpu
+def test_gpu_sm90_bf16_16_heads_alternate_tiles_past_one_wave(monkeypatch):
+    """A default call over the bf16 cache with more (token, 16-head group) programs than SMs runs the kernel with two
+    producer warpgroups on alternate tiles, one with fewer programs runs it with one, and both match the reference:
+    invalid entries, ragged topk_length, sink, an empty row, NaN in unused slots, poisoned out."""
+    from dsa import _replay
+
+    kernel_sm90 = _sm90_or_skip()
+    real, seen = kernel_sm90._sparse_mla_sm90_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **k: (seen.append((k["PRODUCER_WARPS"], k["ALT"])), real[grid](*a, **k))[1]
+
+    monkeypatch.setattr(kernel_sm90, "_sparse_mla_sm90_kernel", Spy())
+    monkeypatch.setitem(_replay._state, "enabled", False)
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for T, H, topk, want in ((n_sms + 8, 16, 640, (8, True)), (n_sms + 8, 8, 200, (8, True)),
+                             (n_sms // 2, 16, 640, (4, False))):
+        q, kv, idx, sm, sink, tl_ = make_case(T, H, topk, 8192, "bf16", seed=T + H, with_len=True, with_sink=True,
+                                              empty_rows=(3,))
+        seen.clear()
+        out = poison_(torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device))
+        got = sparse_mla(q, kv, idx, sm, attn_sink=sink, topk_length=tl_, out=out)
+        assert seen == [want] and got[0] is out, (T, H, seen)
+        assert_matches(got, sparse_mla_ref(q, kv, idx, sm, attn_sink=sink, topk_length=tl_), max_abs_v(kv, idx, 8192),
+                       str((T, H, topk)))
+
+
 def test_sm90_producer_config():
     """Which producer settings each schedule launches with, and benchmark overrides on top of them."""
     from dsa.mla import kernel_sm90 as K
