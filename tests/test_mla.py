@@ -1702,6 +1702,26 @@ def test_sm90_small_head_variants_do_not_spill():
         assert not local, (name, local)
 
 
+
+def test_sm90_lazy_growth_is_one_load_past_the_barrier():
+    """The 32-head lazy softmax's verdict (:func:`~dsa.mla.kernel_sm90._math_rows`, ``LAZY``) in both formats'
+    sm_90a SASS: from the P store's barrier to the branch to the redo, one shared load (the growth word) and no
+    shuffle; before the barrier each thread's tag is one predicated shared store."""
+    from dsa.mla import kernel_sm90
+
+    (cond, ) = _source_lines(kernel_sm90._math_rows, "if _grow_get(")
+    (put, ) = _source_lines(kernel_sm90._grow_put, "[x, tag]")  # (the line the compiler names for the asm)
+    for name in ("32 bf16", "32 fp8"):
+        rows = _sm90_sass()[name]
+        bars = [i for i, r in enumerate(rows) if r[1] == "kernel_sm90.py" and r[2] == cond - 1
+                and _op(r[3]).startswith("BAR.SYNC")]
+        assert len(bars) == 1, (name, bars)
+        j = next(k for k in range(bars[0] + 1, len(rows)) if _op(rows[k][3]).startswith("BRA"))
+        ops = [_op(r[3]) for r in rows[bars[0] + 1:j]]
+        assert sum(o.startswith("LDS") for o in ops) == 1 and not any(o.startswith("SHFL") for o in ops), (name, ops)
+        stores = [r[3] for r in rows if r[1] == "kernel_sm90.py" and r[2] == put and _op(r[3]).startswith("STS")]
+        assert len(stores) == 1 and stores[0].startswith("@"), (name, stores)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H,kv_format,T", [(16, "fp8_ds_mla", 4), (32, "bf16", 40), (128, "fp8_ds_mla", 2)])
 def test_gpu_sm90_variants_prefer_l1(H, kv_format, T, monkeypatch):

@@ -35,11 +35,11 @@ QK product (1.5x the useful MMA work), and every warp waits for its own copies. 
   56 registers, too few for dequantising fp8 in registers (it spilled and measured 22-100% slower).
 * 16/32-head groups (:func:`_math_rows`, one math warpgroup): the gathered rows are the M dimension of
   both products and the heads their N (S^T = K q^T, O^T = V^T P^T, V^T read transposed from the tile),
-  so no MMA work goes to padding heads. 32-head groups take P against the earlier tiles' max (``LAZY_MAX``): each
-  warp's verdict (a warp vote: does any of its logits exceed that max by more than ``LAZY_TAU``?) travels with the
-  barrier that follows the P store, and only then are the maxima exchanged, P redone and the accumulator rescaled
-  (3-4% faster at batch 64-128 and in prefill; no gain at 16 heads, where the producers' fill sets the time per
-  tile). Two math warpgroups splitting the output columns were
+  so no MMA work goes to padding heads. 32-head groups take P against the earlier tiles' max (``LAZY_MAX``): the
+  threads with a logit above that max by more than ``LAZY_TAU`` tag a shared word before the barrier that follows
+  the P store, one load past it decides, and only then are the maxima exchanged, P redone and the accumulator
+  rescaled (3-4% faster at batch 64-128 and in prefill; no gain at 16 heads, where the producers' fill sets the
+  time per tile). Two math warpgroups splitting the output columns were
   measured slower (BENCHMARKS.md).
 * Shared memory against L1: one CTA per SM, and the driver is asked for the smallest carveout that holds it
   (:func:`_prefer_l1`), so the rest (60 KiB for 16/32-head groups) is L1, which the fp8 producer's row loads go
@@ -445,17 +445,37 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
               sid, T, h_q, BH, 0, 0, o_layout, HAS_SINK, SPLIT, True)
 
 
+#: the lazy softmax's growth word (:func:`_math_rows`): a static shared word of the kernel's own, which inline
+#: assembly can name (Gluon's buffers have no address it can take). 1 KB, so that the dynamic shared memory after it
+#: stays 1024-byte aligned, as its swizzled tiles need.
+_GROW_DECL = gl.constexpr(".shared .align 1024 .b8 dsa_grow[1024]; mov.u32 $0, 0;")
+
+
 @gluon.jit
-def _warp_any(pred, BH: gl.constexpr):
+def _grow_init():
+    """Zero the growth word (each thread of the math warpgroup stores 0; a barrier must follow)."""
+    gl.inline_asm_elementwise(_GROW_DECL, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("st.shared.u32 [dsa_grow], 0; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _grow_put(pred, tag, BH: gl.constexpr):
     """``[64, BH]`` booleans in the 64-row wgmma accumulator layout (thread ``l`` of warp ``w`` holds rows ``16 w +
-    l // 4`` and ``16 w + 8 + l // 4``, columns ``8 j + 2 (l % 4) + c``) -> ``[4, 32]`` int32, one per thread: 1
-    where any of its warp's values is set. Each thread ORs its own values (no data crosses threads), then a warp
-    vote."""
+    l // 4`` and ``16 w + 8 + l // 4``, columns ``8 j + 2 (l % 4) + c``): each thread ORs its own values (no data
+    crosses threads) and, where any is set, stores ``tag`` (int32, the same in every thread) to the growth word."""
     x = gl.reshape(pred.to(gl.int32), [4, 2, 8, BH // 8, 4, 2])
     x = gl.max(gl.max(gl.max(x, 5), 3), 1)  # [4, 8, 4]: warp, l // 4, l % 4
-    x = gl.reshape(x, [4, 32])
-    return gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $1, 0; vote.sync.any.pred p, p, 0xffffffff; "
-                                     "selp.s32 $0, 1, 0, p; }", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $1, 0; @p st.shared.u32 [dsa_grow], $2; }"
+                              " mov.u32 $0, 0;", "=r,r,r", [x, tag], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _grow_get(tag):
+    """Whether the growth word holds ``tag`` (int32 scalar, 1 or 0): one shared load, the same word in every
+    thread."""
+    return gl.inline_asm_elementwise("{ .reg .u32 v; .reg .pred p; ld.shared.u32 v, [dsa_grow]; setp.eq.u32 p, v, $1;"
+                                     " selp.u32 $0, 1, 0, p; }", "=r,r", [tag], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -468,15 +488,16 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     on padding heads; per tile wait for ``full``, the two products and the online softmax, release the
     buffer (``empty``); the epilogue at the end.
 
-    ``LAZY``: P is taken against the reference max of the earlier tiles, not this tile's. Each warp votes whether
-    any of its logits exceeds the reference by more than ``LAZY_TAU`` and writes its verdict to ``m_smem``
-    (``[4, 32]`` fp32, warp ``w``'s row) before the P store's barrier; past it each thread reads ``BH / 4`` words
-    (32 heads: one of every warp) and two shuffles decide. Only then (and at the first valid tile) do the warps
-    exchange their maxima through ``m_smem`` and redo P, the sums and the accumulator against the new max. P is
-    then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum, exact for any
-    reference; max_logits comes from the true running max, which each thread keeps for its own two rows until the
-    epilogue. (The verdicts are read in the heads' layout: read by every thread from the same words, the
-    compiler spilled 160 bytes.)"""
+    ``LAZY``: P is taken against the reference max of the earlier tiles, not this tile's. Before the P store's
+    barrier each thread with a logit above the reference by more than ``LAZY_TAU`` stores the tile's tag (``i +
+    1``) to the growth word (:func:`_grow_put`); past it one shared load decides (:func:`_grow_get`): a tag from
+    an earlier tile means no growth, so the word is never cleared. Only on growth (and at the first valid tile)
+    do the warps exchange their maxima through ``m_smem`` and redo P, the sums and the accumulator against the
+    new max. P is then at most ``2**LAZY_TAU``, exact enough in bf16; lse is the reference plus log2 of the sum,
+    exact for any reference; max_logits comes from the true running max, which each thread keeps for its own two
+    rows until the epilogue. (The word is addressed by name in inline assembly: a Gluon load of words that every
+    thread reads, or ``%tid`` read in the loop, made ptxas keep the wgmma descriptors out of uniform registers
+    and spill 160-272 bytes.)"""
     BN: gl.constexpr = 64
     DV: gl.constexpr = 512
     DR: gl.constexpr = 64
@@ -484,6 +505,8 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     _load_q(q_nope_smem, q_rope_smem, q_ptr, stride_qt, stride_qh, t64, hg, h_q, BH, DV, DR, cp_l)
+    if LAZY:
+        _grow_init()
     fence_async_shared()
     gl.thread_barrier()
 
@@ -509,15 +532,13 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
             m_top = gl.maximum(m_top, gl.max(gl.reshape(sc, [4, 2, 8, BH]), 1))  # each thread its own rows'
             ref = gl.where(m_i == float("-inf"), float("inf"), m_i)  # nothing valid yet: P 0 until the redo
             p = gl.exp2(sc - gl.expand_dims(ref, 0))
-            # each warp's verdict (does any of its logits exceed the reference by more than LAZY_TAU?), a warp vote
-            m_smem.store(_warp_any(sc > gl.expand_dims(m_i + LAZY_TAU, 0), BH).to(gl.float32))
+            # does any logit exceed the reference by more than LAZY_TAU? Those threads tag the growth word with i + 1
+            tag = (i + 1).to(gl.int32)
+            _grow_put(sc > gl.expand_dims(m_i + LAZY_TAU, 0), tag, BH)
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            v = m_smem.slice(0, BH // 4, dim=1).load(gl.reshape(m_i, [4, BH // 4]).type.layout)
-            grow = gl.max(gl.max(v, 0), 0) != 0.0
-            if grow:
-                gl.thread_barrier()  # (every warp has read the verdicts)
+            if _grow_get(tag) != 0:
                 m_smem.slice(0, BH, dim=1).store(gl.max(gl.reshape(sc, [4, BN // 4, BH]), axis=1))  # warp w's rows
                 gl.thread_barrier()
                 m1 = m_smem._reinterpret(gl.float32, [4 * 32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
