@@ -1702,7 +1702,6 @@ def test_sm90_small_head_variants_do_not_spill():
         assert not local, (name, local)
 
 
-
 def test_sm90_lazy_growth_is_one_load_past_the_barrier():
     """The 32-head lazy softmax's verdict (:func:`~dsa.mla.kernel_sm90._math_rows`, ``LAZY``) in both formats'
     sm_90a SASS: from the P store's barrier to the branch to the redo, one shared load (the growth word) and no
@@ -1721,6 +1720,7 @@ def test_sm90_lazy_growth_is_one_load_past_the_barrier():
         assert sum(o.startswith("LDS") for o in ops) == 1 and not any(o.startswith("SHFL") for o in ops), (name, ops)
         stores = [r[3] for r in rows if r[1] == "kernel_sm90.py" and r[2] == put and _op(r[3]).startswith("STS")]
         assert len(stores) == 1 and stores[0].startswith("@"), (name, stores)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("H,kv_format,T", [(16, "fp8_ds_mla", 4), (32, "bf16", 40), (128, "fp8_ds_mla", 2)])

@@ -445,18 +445,14 @@ def _math_64(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full, e
               sid, T, h_q, BH, 0, 0, o_layout, HAS_SINK, SPLIT, True)
 
 
-#: the lazy softmax's growth word (:func:`_math_rows`): a static shared word of the kernel's own, which inline
-#: assembly can name (Gluon's buffers have no address it can take). 1 KB, so that the dynamic shared memory after it
-#: stays 1024-byte aligned, as its swizzled tiles need.
-_GROW_DECL = gl.constexpr(".shared .align 1024 .b8 dsa_grow[1024]; mov.u32 $0, 0;")
-
-
 @gluon.jit
 def _grow_init():
-    """Zero the growth word (each thread of the math warpgroup stores 0; a barrier must follow)."""
-    gl.inline_asm_elementwise(_GROW_DECL, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("st.shared.u32 [dsa_grow], 0; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    """Declare and zero the lazy softmax's growth word (:func:`_math_rows`; each thread of the math warpgroup stores
+    0, a barrier must follow): a static shared array of the kernel's own, which inline assembly can name (Gluon's
+    buffers have no address it can take). 1 KB, so that the dynamic shared memory after it stays 1024-byte aligned,
+    as its swizzled tiles need."""
+    gl.inline_asm_elementwise(".shared .align 1024 .b8 dsa_grow[1024]; st.shared.u32 [dsa_grow], 0; mov.u32 $0, 0;",
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -1023,7 +1019,7 @@ def _sparse_mla_sm90_kernel(
         else:  # P^T
             p_smem = gl.allocate_shared_memory(gl.bfloat16, [BN, BH],
                                                gl.NVMMASharedLayout.get_default_for([BN, BH], gl.bfloat16))
-            # (the lazy softmax's verdicts and maxima, :func:`_math_rows`)
+            # (the lazy softmax's maxima when P is redone, :func:`_math_rows`)
             m_smem = gl.allocate_shared_memory(gl.float32, [4, 32], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
