@@ -31,7 +31,10 @@ Variants combine with ``+``. If the real time is about ``nomath``'s, the fill se
 the math chain; if above both, the two do not overlap (two buffers leave no slack), and more buffers or a shorter
 chain would each help.
 
-    python benchmarks/whatif_sm90.py [--variants=real,nomath,...] [ROUNDS] [CASE ...]     (GPU; sm_90)
+    python benchmarks/whatif_sm90.py [--variants=real,nomath,...] [--base=OLD.py] [ROUNDS] [CASE ...]   (GPU; sm_90)
+
+``--base=OLD.py`` (another source of ``kernel_sm90``, e.g. ``git show REV:dsa/mla/kernel_sm90.py``) times each variant
+of it too, as ``base:VARIANT``, in the same interleaved rounds.
 """
 from __future__ import annotations
 
@@ -186,10 +189,11 @@ def _drop(src: str, where: str, line: str) -> str:
     return src[:a] + src[a + len(line):]
 
 
-def variant(name: str):
-    """The module with variant ``name``'s changes (``+``-joined), imported as ``dsa.mla._whatif_sm90_<name>``."""
-    src = open(kernel_sm90.__file__).read()
-    parts = set(name.split("+"))
+def variant(name: str, path: str | None = None):
+    """The module with variant ``name``'s changes (``+``-joined), imported as ``dsa.mla._whatif_sm90_<name>``; from
+    the source at ``path`` (another version of the module) instead of this tree's if given."""
+    src = open(path or kernel_sm90.__file__).read()
+    parts = set(name.split("+")) - {"real"}
     if "none" in parts:
         parts |= {"nomath", "nocopy"}
     if parts & {"loadonly", "fewstores"}:
@@ -229,7 +233,7 @@ def variant(name: str):
     unknown = parts - {"nomath", "nocopy", "nowait", "none", "nosoftmax", "nolazy", "loadonly", "fewstores", "cg",
                        "tpr8", "trace"}
     assert not unknown, unknown
-    return import_source(src, "_whatif_sm90_" + name.replace("+", "_"))
+    return import_source(src, "_whatif_sm90_" + name.replace("+", "_") + ("_base" if path else ""))
 
 
 def compile_sm90(mod, fp8: bool, bh: int):
@@ -267,7 +271,7 @@ def call_with(mod, *args, **kwargs):
 def applies(v: str, h_q: int) -> bool:
     """Whether variant ``v`` changes anything at ``h_q`` heads (else it is not timed): ``nosoftmax`` alone touches
     16-head groups only (32-head ones take the lazy softmax), ``nolazy`` 32-head ones."""
-    parts = set(v.split("+"))
+    parts = set(v.removeprefix("base:").split("+"))
     return not (("nosoftmax" in parts and "nolazy" not in parts and h_q != 16)
                 or ("nolazy" in parts and h_q != 32))
 
@@ -275,11 +279,21 @@ def applies(v: str, h_q: int) -> bool:
 def main():
     global VARIANTS
     args = sys.argv[1:]
-    if args and args[0].startswith("--variants="):  # a subset, comma-separated
-        VARIANTS = args.pop(0).split("=", 1)[1].split(",")
+    base = None
+    while args and args[0].startswith("--"):
+        opt, _, val = args.pop(0).partition("=")
+        if opt == "--variants":  # a subset, comma-separated
+            VARIANTS = val.split(",")
+        elif opt == "--base":  # each variant also from another source of the module, as base:VARIANT
+            base = val
+        else:
+            sys.exit(__doc__)
     rounds = int(args[0]) if args else 3
     names = args[1:]
     mods = {v: kernel_sm90 if v == "real" else variant(v) for v in VARIANTS}
+    if base:
+        mods.update({"base:" + v: variant(v, base) for v in VARIANTS})
+        VARIANTS = [u for v in VARIANTS for u in ("base:" + v, v)]
     sm = 192 ** -0.5
     table = []
     for name, T, h, topk, nreq, s_kv, fmt in CASES:
@@ -305,7 +319,7 @@ def main():
                 print(f"# {name} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         times.update(interleaved_us({v: (lambda v=v: call(v)) for v in runs}, rounds, not name.startswith("prefill")))
         for v in runs:
-            if "trace" in v.split("+"):
+            if "trace" in v.removeprefix("base:").split("+"):
                 call(v)
                 torch.cuda.synchronize()
                 print(name, v, "clocks per tile:", dict(zip([p[0] for p in TRACE_POINTS], trace_table(mods[v]))),

@@ -176,6 +176,8 @@ for v in ("real", "nomath", "nocopy", "nowait", "nosoftmax", "nolazy+nosoftmax",
                                 waits=ptx.count("mbarrier.try_wait"), sts=ptx.count("st.shared"), cvt=ptx.count("cvt."),
                                 ldcg=ptx.count("ld.global.cg"), ld128=len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
                                 clock=ptx.count("%clock"))
+k = W.compile_sm90(W.variant("real+nocopy", W.kernel_sm90.__file__), False, 16)  # (--base: from a given source)
+out["base:nocopy 16"] = dict(wgmma=k.asm["ptx"].count("wgmma.mma_async"), cp=k.asm["ptx"].count("cp.async.cg"))
 """
 
 
@@ -211,6 +213,7 @@ def test_whatif_sm90_variants_remove_what_they_claim():
     assert {k: v for k, v in cg.items() if k != "ldcg"} == {k: v for k, v in real.items() if k != "ldcg"}
     assert {k: tpr8[k] for k in ("wgmma", "cp", "ex2", "waits")} == {k: real[k] for k in ("wgmma", "cp", "ex2", "waits")}
     assert tpr8 != real
+    assert c["base:nocopy 16"] == {"wgmma": c["nocopy 16"]["wgmma"], "cp": 0}  # (a variant of a source given by path)
     # trace: the same work, with the clock read at the loop top and at the eight points of TRACE_POINTS (32 heads:
     # the lazy softmax's; 16 heads: the plain softmax's)
     same = ("wgmma", "cp", "ex2", "waits", "ld128")
