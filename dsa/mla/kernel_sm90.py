@@ -550,9 +550,9 @@ def _math_rows(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem, full,
                 fence_async_shared()
                 gl.thread_barrier()
                 m_i = m_new
-            else:
-                l_2d = l_2d + p
+                p = s_zero  # (summed already)
             acc = warpgroup_mma(kn.slice(0, DV, dim=1).permute((1, 0)), p_smem, acc, is_async=True)
+            l_2d = l_2d + p  # this tile's P where it did not grow, behind the P.V issue
         else:
             p, alpha, l_2d, m_i = _softmax_step(sc, _idx_valid(idx_t, S), m_i, l_2d, sm_scale_log2, 1)
 
