@@ -1705,7 +1705,8 @@ def test_sm90_small_head_variants_do_not_spill():
 def test_sm90_lazy_growth_is_one_load_past_the_barrier():
     """The 32-head lazy softmax's verdict (:func:`~dsa.mla.kernel_sm90._math_rows`, ``LAZY``) in both formats'
     sm_90a SASS: from the P store's barrier to the branch to the redo, one shared load (the growth word) and no
-    shuffle; before the barrier each thread's tag is one predicated shared store."""
+    shuffle; from there the path without growth reaches the first P.V product with no float arithmetic (the row
+    sums wait behind the issue); before the barrier each thread's tag is one predicated shared store."""
     from dsa.mla import kernel_sm90
 
     (cond, ) = _source_lines(kernel_sm90._math_rows, "if _grow_get(")
@@ -1718,6 +1719,13 @@ def test_sm90_lazy_growth_is_one_load_past_the_barrier():
         j = next(k for k in range(bars[0] + 1, len(rows)) if _op(rows[k][3]).startswith("BRA"))
         ops = [_op(r[3]) for r in rows[bars[0] + 1:j]]
         assert sum(o.startswith("LDS") for o in ops) == 1 and not any(o.startswith("SHFL") for o in ops), (name, ops)
+        at = {r[0]: i for i, r in enumerate(rows)}
+        paths = []  # each way out of the branch: the opcodes up to the first HGMMA
+        for t in (at[int(rows[j][3].split()[-1], 16)], j + 1):
+            k = next(k for k in range(t, len(rows)) if _op(rows[k][3]).startswith("HGMMA"))
+            paths.append([_op(r[3]) for r in rows[t:k]])
+        fast = min(paths, key=len)  # (the redo recomputes P, the sums and the accumulator)
+        assert not any(o.startswith(("FADD", "FFMA", "FMUL", "MUFU")) for o in fast), (name, fast)
         stores = [r[3] for r in rows if r[1] == "kernel_sm90.py" and r[2] == put and _op(r[3]).startswith("STS")]
         assert len(stores) == 1 and stores[0].startswith("@"), (name, stores)
 
