@@ -22,12 +22,19 @@
 #   8. where the `dsa run` workload's CUDA-graph decode steps spend their time, with each step waiting for its tokens
 #      and without (benchmarks/engine_step_split.py).
 # STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine. Not in the
-# default: trace (the 16/32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant).
+# default: trace (the 16/32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant) and
+# whatif (which side sets small-head prefill: the call, the fill alone and the math alone, whatif_sm90.py's real,
+# nomath and nocopy variants). The stages run in this file's order, whatever order STAGES names them in.
+# NEED=H200 stops at once, before any stage, on any other GPU (the issue-4 goal rows are H200 numbers):
+#   NEED=H200 STAGES="bench whatif" BENCH_ARGS="--kernels mla" bash benchmarks/run_on_h200.sh
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh
+if [[ -n ${NEED:-} ]] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$NEED"; then
+  echo "not an $NEED: nothing run"; exit 3
+fi
 N=${WORKERS:-16}  # (the machine's 16 CPU cores: an empty Triton cache makes the tests compile-bound)
 STAGES=" ${STAGES:-tests run bench power decode plans engine} "
 on() { [[ $STAGES == *" $1 "* ]]; }
@@ -75,6 +82,10 @@ if on trace; then
   timeout 200 python3 benchmarks/whatif_sm90.py --variants=real,trace,nocopy+trace 3 decode_fp8_h32_b64 \
     prefill_bf16_h32 decode_fp8_h16_b16 prefill_bf16_h16 > "$OUT/trace.txt" 2>&1; echo "trace rc=$?" >> "$OUT/trace.txt"
 fi
+if on whatif; then
+  timeout 150 python3 benchmarks/whatif_sm90.py --variants=real,nomath,nocopy 3 prefill_bf16_h32 prefill_bf16_h16 \
+    > "$OUT/whatif.txt" 2>&1; echo "whatif rc=$?" >> "$OUT/whatif.txt"
+fi
 if on engine; then
   timeout 300 python3 benchmarks/engine_step_split.py > "$OUT/engine.txt" 2>&1; echo "engine rc=$?" >> "$OUT/engine.txt"
 fi
@@ -90,6 +101,7 @@ if on plans; then echo "== plans"; cat "$OUT/plans.txt"; fi
 if on trace; then
   echo "== trace (clocks per tile)"; grep -E "clocks per tile|^case|^decode|^prefill|rc=" "$OUT/trace.txt"
 fi
+if on whatif; then echo "== whatif (us: the call, the fill alone, the math alone)"; tail -12 "$OUT/whatif.txt"; fi
 if on engine; then echo "== engine (CUDA-graph decode steps)"; grep -E "eager decode|^\||rc=" "$OUT/engine.txt"; fi
 if on decode; then
   echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
