@@ -31,10 +31,13 @@ Variants combine with ``+``. If the real time is about ``nomath``'s, the fill se
 the math chain; if above both, the two do not overlap (two buffers leave no slack), and more buffers or a shorter
 chain would each help.
 
-    python benchmarks/whatif_sm90.py [--variants=real,nomath,...] [--base=OLD.py] [ROUNDS] [CASE ...]   (GPU; sm_90)
+    python benchmarks/whatif_sm90.py [--variants=real,nomath,...] [--base=OLD.py] [--as-given] [ROUNDS] [CASE ...]
+    (GPU; sm_90)
 
 ``--base=OLD.py`` (another source of ``kernel_sm90``, e.g. ``git show REV:dsa/mla/kernel_sm90.py``) times each variant
-of it too, as ``base:VARIANT``, in the same interleaved rounds.
+of it too, as ``base:VARIANT``, in the same interleaved rounds. ``--as-given``: many-token calls take the index lists
+as given, not grouped by slot range first (:func:`dsa.mla.kernel.order_pays` off), e.g. to see whether the fill
+alone depends on the SMs reading the same slot ranges at once.
 """
 from __future__ import annotations
 
@@ -286,6 +289,8 @@ def main():
             VARIANTS = val.split(",")
         elif opt == "--base":  # each variant also from another source of the module, as base:VARIANT
             base = val
+        elif opt == "--as-given":  # no call groups its index lists (no call reaches this many tokens)
+            K.ORDER_MIN_T = 1 << 62
         else:
             sys.exit(__doc__)
     rounds = int(args[0]) if args else 3
