@@ -36,8 +36,8 @@ chain would each help.
 
 ``--base=OLD.py`` (another source of ``kernel_sm90``, e.g. ``git show REV:dsa/mla/kernel_sm90.py``) times each variant
 of it too, as ``base:VARIANT``, in the same interleaved rounds. ``--as-given``: many-token calls take the index lists
-as given, not grouped by slot range first (:func:`dsa.mla.kernel.order_pays` off), e.g. to see whether the fill
-alone depends on the SMs reading the same slot ranges at once.
+as given, not grouped by slot range first (``order=False``; the rest of the dispatch unchanged), e.g. to see whether
+the fill alone depends on the SMs reading the same slot ranges at once.
 """
 from __future__ import annotations
 
@@ -282,15 +282,15 @@ def applies(v: str, h_q: int) -> bool:
 def main():
     global VARIANTS
     args = sys.argv[1:]
-    base = None
+    base = order = None
     while args and args[0].startswith("--"):
         opt, _, val = args.pop(0).partition("=")
         if opt == "--variants":  # a subset, comma-separated
             VARIANTS = val.split(",")
         elif opt == "--base":  # each variant also from another source of the module, as base:VARIANT
             base = val
-        elif opt == "--as-given":  # no call groups its index lists (no call reaches this many tokens)
-            K.ORDER_MIN_T = 1 << 62
+        elif opt == "--as-given":  # sparse_mla_triton's order=False
+            order = False
         else:
             sys.exit(__doc__)
     rounds = int(args[0]) if args else 3
@@ -309,7 +309,7 @@ def main():
         out = torch.empty(T, h, 512, dtype=torch.bfloat16, device="cuda")
 
         def call(v):
-            return call_with(mods[v], q, flat, idx, sm, out=out)
+            return call_with(mods[v], q, flat, idx, sm, out=out, order=order)
 
         times = {v: [float("nan")] for v in VARIANTS}
         runs = []
