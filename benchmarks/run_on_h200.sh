@@ -24,8 +24,9 @@
 # STAGES picks a subset, space-separated (default: all): tests run bench power decode plans engine. Not in the
 # default: trace (the 16/32-head math warpgroup's clocks per tile, benchmarks/whatif_sm90.py's trace variant) and
 # whatif (which side sets small-head prefill: the call, the fill alone and the math alone, whatif_sm90.py's real,
-# nomath and nocopy variants; 18 s on a fresh H100 machine, its six kernels compiled inside that time). The stages
-# run in this file's order, whatever order STAGES names them in.
+# nomath and nocopy variants; 18 s on a fresh H100 machine, its six kernels compiled inside that time; then the same
+# with the index lists as given, `--as-given`, to see whether the fill alone depends on the lists' grouping). The
+# stages run in this file's order, whatever order STAGES names them in.
 # NEED=H200 stops at once, before any stage, on any other GPU (the issue-4 goal rows are H200 numbers):
 #   NEED=H200 STAGES="bench whatif" BENCH_ARGS="--kernels mla" bash benchmarks/run_on_h200.sh
 # Logs go to $OUT (or ./out); the last lines printed are the summaries.
@@ -86,6 +87,8 @@ fi
 if on whatif; then
   timeout 120 python3 benchmarks/whatif_sm90.py --variants=real,nomath,nocopy 3 prefill_bf16_h32 prefill_bf16_h16 \
     > "$OUT/whatif.txt" 2>&1; echo "whatif rc=$?" >> "$OUT/whatif.txt"
+  timeout 120 python3 benchmarks/whatif_sm90.py --as-given --variants=real,nomath,nocopy 3 prefill_bf16_h32 \
+    prefill_bf16_h16 > "$OUT/whatif_as_given.txt" 2>&1; echo "whatif --as-given rc=$?" >> "$OUT/whatif_as_given.txt"
 fi
 if on engine; then
   timeout 300 python3 benchmarks/engine_step_split.py > "$OUT/engine.txt" 2>&1; echo "engine rc=$?" >> "$OUT/engine.txt"
@@ -102,7 +105,10 @@ if on plans; then echo "== plans"; cat "$OUT/plans.txt"; fi
 if on trace; then
   echo "== trace (clocks per tile)"; grep -E "clocks per tile|^case|^decode|^prefill|rc=" "$OUT/trace.txt"
 fi
-if on whatif; then echo "== whatif (us: the call, the fill alone, the math alone)"; tail -12 "$OUT/whatif.txt"; fi
+if on whatif; then
+  echo "== whatif (us: the call, the fill alone, the math alone)"; tail -12 "$OUT/whatif.txt"
+  echo "== whatif, the lists as given"; tail -12 "$OUT/whatif_as_given.txt"
+fi
 if on engine; then echo "== engine (CUDA-graph decode steps)"; grep -E "eager decode|^\||rc=" "$OUT/engine.txt"; fi
 if on decode; then
   echo "== small-head decode (us)"; grep -E "^== mla_|rc=" "$OUT/decode.txt" | sed 's/ *(1 variants; worst / /; s/)$//'
